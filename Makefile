@@ -1,0 +1,63 @@
+# fetchq — build, test, demo.
+#   make          release libfetchq.so (+ header, pkg-config file) into build/
+#   make test     every suite: swift test, the C harness, pytest, the examples
+#   make demo     the demo search server and example, end to end
+SHELL := /bin/bash
+.DEFAULT_GOAL := all
+
+PREFIX ?= /usr/local
+VERSION_MAJOR := $(shell sed -n 's/^\#define FQ_VERSION_MAJOR \([0-9]*\)/\1/p' include/fetchq.h)
+VERSION_MINOR := $(shell sed -n 's/^\#define FQ_VERSION_MINOR \([0-9]*\)/\1/p' include/fetchq.h)
+VERSION_PATCH := $(shell sed -n 's/^\#define FQ_VERSION_PATCH \([0-9]*\)/\1/p' include/fetchq.h)
+VERSION := $(VERSION_MAJOR).$(VERSION_MINOR).$(VERSION_PATCH)
+SONAME := libfetchq.so.$(VERSION_MAJOR)
+
+SWIFT ?= swift
+CC ?= cc
+BUILD := $(CURDIR)/build
+SWIFT_RELEASE_FLAGS := -c release -Xswiftc -static-stdlib \
+	-Xlinker --version-script=$(CURDIR)/tools/fetchq.map -Xlinker -soname=$(SONAME)
+CFLAGS_TEST := -std=c11 -O1 -g -Wall -Wextra -Werror -D_GNU_SOURCE -I$(BUILD)/include
+LDFLAGS_TEST := -L$(BUILD)/lib -lfetchq -ljansson -lpthread -Wl,-rpath,$(BUILD)/lib
+
+APT_PACKAGES := libjansson-dev libcurl4-openssl-dev libsqlite3-dev pkg-config python3-pip
+.PHONY: all deps lib test test-swift test-c test-exports test-python test-examples demo clean
+
+all: lib
+
+# Installs the system packages a fresh machine lacks (Debian/Ubuntu).
+deps:
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing:$$missing"; \
+		SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+lib: deps
+	$(SWIFT) build $(SWIFT_RELEASE_FLAGS) --product fetchq
+	@mkdir -p $(BUILD)/lib/pkgconfig $(BUILD)/include
+	cp .build/release/libfetchq.so $(BUILD)/lib/libfetchq.so.$(VERSION)
+	ln -sf libfetchq.so.$(VERSION) $(BUILD)/lib/$(SONAME)
+	ln -sf $(SONAME) $(BUILD)/lib/libfetchq.so
+	cp include/fetchq.h $(BUILD)/include/fetchq.h
+	@sed -e 's|@PREFIX@|$(BUILD)|' -e 's|@VERSION@|$(VERSION)|' tools/fetchq.pc.in > $(BUILD)/lib/pkgconfig/fetchq.pc
+	@if ldd $(BUILD)/lib/libfetchq.so | grep -i swift; then echo "error: libfetchq.so links a Swift runtime library" >&2; exit 1; fi
+
+test: lib test-exports test-c test-swift
+
+test-swift: deps
+	$(SWIFT) test
+
+$(BUILD)/tests/c_harness: lib $(wildcard Tests/c/*.c Tests/c/*.h)
+	@mkdir -p $(BUILD)/tests
+	$(CC) $(CFLAGS_TEST) Tests/c/*.c $(LDFLAGS_TEST) -o $@
+
+test-c: $(BUILD)/tests/c_harness
+	$(BUILD)/tests/c_harness
+
+test-exports: lib
+	bash Tests/c/check_exports.sh $(BUILD)/lib/libfetchq.so include/fetchq.h
+
+clean:
+	rm -rf $(BUILD) .build

@@ -1,0 +1,33 @@
+// swift-tools-version:6.1
+import PackageDescription
+
+// Engine: pure Swift, no Foundation. The C ABI lives in FetchQCABI as thin
+// `@c @implementation` shims checked by the compiler against include/fetchq.h.
+let package = Package(
+    name: "fetchq",
+    products: [
+        .library(name: "fetchq", type: .dynamic, targets: ["FetchQCABI"]),
+        .library(name: "FetchQ", targets: ["FetchQ"]),
+    ],
+    targets: [
+        .systemLibrary(
+            name: "CJansson", path: "Sources/CJansson", pkgConfig: "jansson",
+            providers: [.apt(["libjansson-dev"])]),
+        .systemLibrary(
+            name: "CCurl", path: "Sources/CCurl", pkgConfig: "libcurl",
+            providers: [.apt(["libcurl4-openssl-dev"])]),
+        // The public header, include/fetchq.h (Sources/CFetchQ/include is a link to it).
+        .target(name: "CFetchQ", dependencies: ["CJansson"], path: "Sources/CFetchQ"),
+        // Internal C helpers: thread-locals and wrappers for curl's variadic calls.
+        .target(name: "CFetchQSupport", dependencies: ["CCurl"], path: "Sources/CFetchQSupport"),
+        .target(
+            name: "FetchQ", dependencies: ["CJansson", "CCurl", "CFetchQSupport"],
+            swiftSettings: [.swiftLanguageMode(.v6)]),
+        .target(
+            name: "FetchQCABI", dependencies: ["FetchQ", "CFetchQ", "CJansson"],
+            swiftSettings: [.swiftLanguageMode(.v6)]),
+        .testTarget(
+            name: "FetchQTests", dependencies: ["FetchQ", "CJansson"],
+            swiftSettings: [.swiftLanguageMode(.v6)]),
+    ]
+)

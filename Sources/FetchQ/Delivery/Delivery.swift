@@ -1,0 +1,125 @@
+import CFetchQSupport
+import Glibc
+
+/// A completion callback: called exactly once per submitted operation.
+public typealias Completion = @Sendable (OperationResult) -> Void
+
+/// Where callbacks run: the delivery thread, or the thread that dispatches.
+public enum DeliveryMode: Sendable { case thread, poll }
+
+/// Hands finished operations to their callbacks: on one delivery thread
+/// (callbacks serialized, in completion order), or in poll mode on whichever
+/// thread calls `dispatch`, with an eventfd readable while items wait.
+///
+/// `@unchecked Sendable`: `items` and `stopping` are guarded by `lock`;
+/// `thread` is written in init and read in `stop()` only.
+final class Delivery: @unchecked Sendable {
+    typealias Mode = DeliveryMode
+
+    struct Item {
+        var result: OperationResult
+        var completion: Completion?
+        var queue: QueueID
+    }
+
+    let mode: Mode
+    /// Poll mode's eventfd; -1 in thread mode.
+    let eventFD: Int32
+    private let lock = ConditionLock()
+    private var items = Ring<Item>()
+    private var stopping = false
+    private var thread: pthread_t?
+    private let owner: UInt
+    /// Called after each callback has returned.
+    private let delivered: @Sendable (Item) -> Void
+
+    init(mode: Mode, owner: UnsafeRawPointer, delivered: @escaping @Sendable (Item) -> Void) throws(FetchQError) {
+        self.mode = mode
+        self.owner = UInt(bitPattern: owner)
+        self.delivered = delivered
+        if mode == .poll {
+            eventFD = fqs_eventfd()
+            if eventFD < 0 { throw FetchQError(.noMemory, "eventfd failed: errno \(errno)") }
+        } else {
+            eventFD = -1
+            thread = startThread(name: "fetchq-deliver") { [self] in run() }
+        }
+    }
+
+    deinit {
+        if eventFD >= 0 { close(eventFD) }
+    }
+
+    func post(_ item: Item) {
+        lock.lock()
+        let wasEmpty = items.isEmpty
+        items.append(item)
+        if mode == .poll && wasEmpty { signalFD() }
+        lock.unlock()
+        if mode == .thread { lock.signal() }
+    }
+
+    private func signalFD() {
+        var one: UInt64 = 1
+        _ = write(eventFD, &one, 8)
+    }
+
+    private func drainFD() {
+        var count: UInt64 = 0
+        _ = read(eventFD, &count, 8)
+    }
+
+    private func call(_ item: Item) {
+        item.completion?(item.result)
+        delivered(item)
+    }
+
+    private func run() {
+        fqs_set_current_engine(UnsafeRawPointer(bitPattern: owner))
+        while true {
+            lock.lock()
+            while items.isEmpty && !stopping { lock.wait(until: nil) }
+            if items.isEmpty {
+                lock.unlock()
+                return
+            }
+            let item = items.removeFirst()
+            lock.unlock()
+            call(item)
+        }
+    }
+
+    /// Poll mode: runs up to `max` waiting callbacks (all if max <= 0) on the
+    /// calling thread; returns how many ran.
+    func dispatch(max: Int) -> Int {
+        let previous = fqs_current_engine()
+        fqs_set_current_engine(UnsafeRawPointer(bitPattern: owner))
+        defer { fqs_set_current_engine(previous) }
+        var ran = 0
+        // Only what waits now: callbacks that post more do not extend this call.
+        let limit = lock.withLock { max > 0 ? Swift.min(max, items.count) : items.count }
+        while ran < limit {
+            lock.lock()
+            guard !items.isEmpty else {
+                lock.unlock()
+                break
+            }
+            let item = items.removeFirst()
+            if items.isEmpty { drainFD() }
+            lock.unlock()
+            call(item)
+            ran += 1
+        }
+        return ran
+    }
+
+    var waiting: Int { lock.withLock { items.count } }
+
+    /// Thread mode: delivers what is queued, then stops the thread.
+    func stop() {
+        lock.withLock { stopping = true }
+        lock.broadcast()
+        if let thread { joinThread(thread) }
+        thread = nil
+    }
+}

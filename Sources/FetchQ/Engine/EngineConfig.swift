@@ -1,0 +1,112 @@
+import CJansson
+import Glibc
+
+/// Engine configuration, parsed strictly from the JSON given to
+/// fq_engine_new (every key documented in include/fetchq.h).
+public struct EngineConfig: Sendable {
+    public var delivery: DeliveryMode = .thread
+    public var workers: Int = max(2, Int(sysconf(Int32(_SC_NPROCESSORS_ONLN))))
+    public var agingMs: Int = 1000
+    public var history: Int = 4096
+    public var maxPerHost: Int = 6
+    public var network = NetworkLimits()
+    public var search: SearchEndpoint? = nil
+
+    public init() {}
+
+    public init(json: UnsafePointer<json_t>?) throws(FetchQError) {
+        var r = try OptionReader(json, context: "config")
+        if let d = try r.choice("delivery", ["thread", "poll"]) { delivery = d == "poll" ? .poll : .thread }
+        if let n = try r.int("workers", in: 1...256) { workers = n }
+        if let n = try r.int("aging_ms", in: 0...86_400_000) { agingMs = n }
+        if let n = try r.int("history", in: 0...1_000_000) { history = n }
+        if let n = try r.int("max_per_host", in: 1...1024) { maxPerHost = n }
+        try network.read(&r)
+        if var s = try r.object("search") {
+            search = try SearchEndpoint(reading: &s)
+            try s.finish()
+        }
+        try r.finish()
+    }
+}
+
+/// Limits for network operations: engine defaults, overridable per operation.
+public struct NetworkLimits: Sendable {
+    public var connectTimeoutMs = 10_000
+    public var timeoutMs = 60_000
+    public var maxWaitMs = 0
+    public var maxRedirects = 5
+    public var maxResponseBytes = 16 * 1024 * 1024
+    public var maxJSONDepth = 512
+    public var verifyTLS = true
+    public var caFile: String? = nil
+    public var userAgent = "fetchq/\(fetchqVersionString)"
+
+    mutating func read(_ r: inout OptionReader) throws(FetchQError) {
+        if let n = try r.int("connect_timeout_ms", in: 0...3_600_000) { connectTimeoutMs = n }
+        if let n = try r.int("timeout_ms", in: 0...86_400_000) { timeoutMs = n }
+        if let n = try r.int("max_wait_ms", in: 0...86_400_000) { maxWaitMs = n }
+        if let n = try r.int("max_redirects", in: 0...100) { maxRedirects = n }
+        if let n = try r.int("max_response_bytes", in: 1...(1 << 40)) { maxResponseBytes = n }
+        if let n = try r.int("max_json_depth", in: 1...100_000) { maxJSONDepth = n }
+        if let b = try r.bool("verify_tls") { verifyTLS = b }
+        if let s = try r.string("ca_file") { caFile = s }
+        if let s = try r.string("user_agent") {
+            guard !s.utf8.contains(where: { $0 == 13 || $0 == 10 }) else {
+                throw FetchQError(.invalid, "\(r.path("user_agent")): must not contain CR or LF")
+            }
+            userAgent = s
+        }
+    }
+}
+
+/// The search endpoint: a URL template with {query} and JSON Pointers.
+public struct SearchEndpoint: Sendable {
+    public var url: String
+    public var results = ""
+    public var id = "/id"
+    public var sort: String? = nil
+    public var descending = true
+
+    init(reading r: inout OptionReader) throws(FetchQError) {
+        guard let url = try r.string("url") else {
+            throw FetchQError(.invalid, "\(r.context): \"url\" is required")
+        }
+        guard url.contains("{query}") else {
+            throw FetchQError(.invalid, "\(r.path("url")): the template must contain {query}")
+        }
+        self.url = url
+        try override(&r)
+    }
+
+    /// Applies the keys present in `r` (per-operation overrides).
+    mutating func override(_ r: inout OptionReader) throws(FetchQError) {
+        if let u = try r.string("url") {
+            guard u.contains("{query}") else {
+                throw FetchQError(.invalid, "\(r.path("url")): the template must contain {query}")
+            }
+            url = u
+        }
+        if let p = try pointer(&r, "results") { results = p }
+        if let p = try pointer(&r, "id") { id = p }
+        if let p = try pointer(&r, "sort") { sort = p }
+        if let o = try r.choice("order", ["asc", "desc"]) { descending = o == "desc" }
+    }
+
+    private func pointer(_ r: inout OptionReader, _ key: String) throws(FetchQError) -> String? {
+        guard let p = try r.string(key) else { return nil }
+        guard p.isEmpty || p.hasPrefix("/") else {
+            throw FetchQError(.invalid, "\(r.path(key)): \"\(p)\" is not a JSON Pointer (RFC 6901: empty or starting with /)")
+        }
+        return p
+    }
+}
+
+public let fetchqVersionMajor = 0
+public let fetchqVersionMinor = 1
+public let fetchqVersionPatch = 0
+/// "MAJOR.MINOR.PATCH" as a static string (fq_version_string); a test checks
+/// it against the numbers above and the header's macros.
+public let fetchqVersionStaticString: StaticString = "0.1.0"
+public let fetchqVersionString = fetchqVersionStaticString.description
+public let fetchqVersionHex = UInt32((fetchqVersionMajor << 16) | (fetchqVersionMinor << 8) | fetchqVersionPatch)

@@ -1,0 +1,63 @@
+import CFetchQSupport
+import Glibc
+
+/// A fixed pool of threads running jobs; higher QoS first, FIFO within a
+/// QoS. Used for block/async bodies and JSON parsing (never for network I/O).
+///
+/// `@unchecked Sendable`: `jobs` and `stopping` are guarded by `lock`;
+/// `threads` is written only in init and read in `stop()`.
+final class WorkerPool: @unchecked Sendable {
+    typealias Job = @Sendable () -> Void
+
+    private let lock = ConditionLock()
+    private var jobs = [Ring<Job>](repeating: Ring(), count: QoS.allCases.count)
+    private var pending = 0
+    private var stopping = false
+    private var threads: [pthread_t] = []
+
+    /// `owner` is recorded as the threads' current engine (see fq_support.h).
+    init(count: Int, owner: UnsafeRawPointer) {
+        let ownerBits = UInt(bitPattern: owner)
+        for index in 0..<count {
+            threads.append(startThread(name: "fetchq-work-\(index)") { [self] in
+                fqs_set_current_engine(UnsafeRawPointer(bitPattern: ownerBits))
+                run()
+            })
+        }
+    }
+
+    func submit(qos: QoS, _ job: @escaping Job) {
+        lock.withLock {
+            jobs[qos.rawValue].append(job)
+            pending += 1
+        }
+        lock.signal()
+    }
+
+    private func run() {
+        while true {
+            lock.lock()
+            while pending == 0 && !stopping { lock.wait(until: nil) }
+            if pending == 0 {  // stopping and drained
+                lock.unlock()
+                return
+            }
+            var job: Job? = nil
+            for qos in stride(from: jobs.count - 1, through: 0, by: -1) where !jobs[qos].isEmpty {
+                job = jobs[qos].removeFirst()
+                break
+            }
+            pending -= 1
+            lock.unlock()
+            job!()
+        }
+    }
+
+    /// Runs what is queued, then stops and joins the threads.
+    func stop() {
+        lock.withLock { stopping = true }
+        lock.broadcast()
+        for t in threads { joinThread(t) }
+        threads = []
+    }
+}

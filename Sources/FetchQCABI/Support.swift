@@ -1,0 +1,50 @@
+import CFetchQSupport
+import FetchQ
+
+// Conversions shared by the shims. No engine logic lives here.
+
+/// The C caller's userdata: never dereferenced, only handed back to it.
+struct UserData: @unchecked Sendable {
+    let pointer: UnsafeMutableRawPointer?
+}
+
+/// Records `error` as the thread's last error and returns its status.
+func fail(_ error: FetchQError) -> Int32 {
+    fqs_set_last_error(error.message)
+    return error.status.rawValue
+}
+
+func fail(_ status: FQStatus, _ message: String) -> Int32 {
+    fail(FetchQError(status, message))
+}
+
+/// Runs a throwing call and maps it to FQ_OK or a negative status.
+func status(_ body: () throws(FetchQError) -> Void) -> Int32 {
+    do {
+        try body()
+        return FQStatus.ok.rawValue
+    } catch {
+        return fail(error)
+    }
+}
+
+/// A static C string from a StaticString literal.
+func cString(_ s: StaticString) -> UnsafePointer<CChar> {
+    UnsafeRawPointer(s.utf8Start).assumingMemoryBound(to: CChar.self)
+}
+
+func string(_ s: UnsafePointer<CChar>?) -> String? { s.map { String(cString: $0) } }
+
+func engine(_ handle: OpaquePointer?) -> Engine? {
+    handle.map { Unmanaged<Engine>.fromOpaque(UnsafeRawPointer($0)).takeUnretainedValue() }
+}
+
+func queue(_ handle: OpaquePointer?) -> Queue? { handle.map(Queue.from(handle:)) }
+
+func operation(_ handle: OpaquePointer?) -> FetchQ.Operation? { handle.map(FetchQ.Operation.from(handle:)) }
+
+func result(_ handle: OpaquePointer?) -> OperationResult? {
+    handle.map { Unmanaged<OperationResult>.fromOpaque(UnsafeRawPointer($0)).takeUnretainedValue() }
+}
+
+let nullHandle = FetchQError(.invalid, "NULL handle")

@@ -1,0 +1,350 @@
+/*
+ * fetchq — an operation-queue engine for network fetch/parse work.
+ *
+ * This header is the whole C ABI of libfetchq. It is checked by the Swift
+ * compiler against the implementation (`@c @implementation`), so what is
+ * declared here is exactly what the library exports.
+ *
+ * Conventions (read once, they hold everywhere below):
+ *
+ *  - Handles are opaque and typed. Every `*_new` has a `*_free`;
+ *    `*_free(NULL)` is a no-op.
+ *  - Functions returning `int` return FQ_OK (0) or a negative `fq_status`.
+ *    When a call fails, a message describing why is available from
+ *    fq_last_error() on the same thread.
+ *  - JSON crosses the boundary as jansson `json_t`. Every `json_t *` says
+ *    whether it is BORROWED (the library keeps ownership; it says how long the
+ *    pointer stays valid — json_incref() it to keep it longer), NEW (the
+ *    caller owns the reference and must json_decref() it) or STOLEN (the
+ *    library takes the caller's reference, also when the call fails).
+ *    Input objects that are only read (config, options) are borrowed for the
+ *    duration of the call; the library copies what it keeps.
+ *  - Configuration and options are JSON objects. An unknown key or a value
+ *    of the wrong type is an error (FQ_ERR_INVALID with a message); nothing
+ *    is silently ignored. NULL means "no options".
+ *  - Threading: every function may be called from any thread unless its
+ *    comment says otherwise. Callbacks are never called while the library
+ *    holds a lock, so a callback may call back into the library (submit,
+ *    cancel, set_priority, ...) without deadlock.
+ *
+ * THE COMPLETION CONTRACT. A submit function returns an operation id > 0, or
+ * a negative fq_status — and then the completion callback is never called.
+ * After a successful submit the completion callback is called EXACTLY ONCE,
+ * with outcome FQ_SUCCEEDED, FQ_FAILED or FQ_CANCELLED: also when the
+ * operation is cancelled before it starts, when a dependency fails, when it
+ * waits in its queue too long, and when the engine is freed with the
+ * operation still pending. After that call returns, the library never uses
+ * the callback or its userdata for that operation again.
+ */
+#ifndef FETCHQ_H
+#define FETCHQ_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <jansson.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------ */
+/* Version                                                              */
+/* ------------------------------------------------------------------ */
+
+#define FQ_VERSION_MAJOR 0
+#define FQ_VERSION_MINOR 1
+#define FQ_VERSION_PATCH 0
+#define FQ_VERSION_STRING "0.1.0"
+/* 0xMMmmpp: compare with fq_version() to detect a header/library mismatch. */
+#define FQ_VERSION_HEX \
+    ((FQ_VERSION_MAJOR << 16) | (FQ_VERSION_MINOR << 8) | FQ_VERSION_PATCH)
+
+/* The version of the library loaded at run time, as FQ_VERSION_HEX. */
+uint32_t fq_version(void);
+/* The same as a static string, e.g. "0.1.0". Never NULL, never freed. */
+const char *fq_version_string(void);
+
+/* ------------------------------------------------------------------ */
+/* Status codes                                                         */
+/* ------------------------------------------------------------------ */
+
+typedef enum fq_status {
+    FQ_OK = 0,
+    FQ_ERR_INVALID = -1,       /* bad argument, NULL handle, bad option/config */
+    FQ_ERR_NOT_FOUND = -2,     /* unknown operation id (or one already finished) */
+    FQ_ERR_STATE = -3,         /* not allowed now (e.g. op already started, or
+                                  called from a callback where that would deadlock) */
+    FQ_ERR_CYCLE = -4,         /* the dependency would create a cycle */
+    FQ_ERR_SHUTDOWN = -5,      /* the engine is being freed */
+    FQ_ERR_TIMEOUT = -6,       /* a wait, or an operation's time limit, ran out */
+    FQ_ERR_CANCELLED = -7,     /* the operation was cancelled */
+    FQ_ERR_DEPENDENCY = -8,    /* a dependency failed or was cancelled */
+    FQ_ERR_OPERATION = -9,     /* the operation's body reported an error */
+    FQ_ERR_QUEUE_TIMEOUT = -10, /* waited in the queue longer than max_wait_ms */
+    FQ_ERR_HTTP = -11,         /* the server answered with a status not accepted */
+    FQ_ERR_NETWORK = -12,      /* connection refused/reset/closed, DNS, bad framing */
+    FQ_ERR_TOO_LARGE = -13,    /* the response exceeded max_response_bytes */
+    FQ_ERR_PARSE = -14,        /* the body is not valid JSON, or too deep */
+    FQ_ERR_TLS = -15,          /* TLS handshake or certificate verification failed */
+    FQ_ERR_REDIRECT = -16,     /* too many redirects */
+    FQ_ERR_NOMEM = -17         /* out of memory */
+} fq_status;
+
+/* A static English description of a status. Never NULL, never freed. */
+const char *fq_strerror(int status);
+
+/* The message of the last failed call made by this thread (a submit, a
+ * setter, fq_engine_new, ...). BORROWED: valid until the next fq_ call on
+ * this thread. "" when there is none. */
+const char *fq_last_error(void);
+
+/* ------------------------------------------------------------------ */
+/* Types                                                                */
+/* ------------------------------------------------------------------ */
+
+typedef struct fq_engine fq_engine; /* the shared machinery: workers, delivery, transport */
+typedef struct fq_queue fq_queue;   /* ordering + max concurrency; many per engine */
+typedef struct fq_op fq_op;         /* an operation seen from inside its own body */
+typedef struct fq_result fq_result; /* an operation's outcome, seen in its callback */
+typedef struct fq_event fq_event;   /* a progress event, seen in an event callback */
+
+/* Operation ids are > 0 and never reused by an engine. A submit that fails
+ * returns the negative fq_status instead. */
+typedef int64_t fq_op_id;
+
+typedef enum fq_outcome {
+    FQ_SUCCEEDED = 1,
+    FQ_FAILED = 2,
+    FQ_CANCELLED = 3
+} fq_outcome;
+
+/* Called exactly once per successfully submitted operation (see THE
+ * COMPLETION CONTRACT above). `result` is BORROWED and, with everything it
+ * hands out, valid until the callback returns. Runs on the engine's delivery
+ * thread (config "delivery": "thread", the default; callbacks are serialized)
+ * or, in poll mode, on the thread calling fq_engine_dispatch(),
+ * fq_queue_wait() or fq_engine_wait_idle(). It may call any fq_ function
+ * except fq_engine_free() (which then returns FQ_ERR_STATE). */
+typedef void (*fq_completion_fn)(const fq_result *result, void *userdata);
+
+/* The body of a block operation; runs on a worker thread. Return a value
+ * (NEW reference, STOLEN by the library; NULL for no value), or call
+ * fq_op_set_error() and return NULL to fail. `op` is valid only during the
+ * call. It should check fq_op_is_cancelled() when it runs long. */
+typedef json_t *(*fq_block_fn)(fq_op *op, void *userdata);
+
+/* The start function of an asynchronous operation; runs on a worker thread
+ * and should return quickly. The operation stays running — it keeps its
+ * slot in the queue's max_concurrent — until fq_op_finish(op, ...) is called,
+ * from any thread, exactly once. `op` stays valid until then. */
+typedef void (*fq_async_fn)(fq_op *op, void *userdata);
+
+/* ------------------------------------------------------------------ */
+/* Engine                                                               */
+/* ------------------------------------------------------------------ */
+
+/* Creates an engine. `config` is BORROWED (may be NULL for defaults):
+ *   "delivery"      "thread" (default) | "poll"
+ *   "workers"       worker threads for block/async bodies and JSON parsing,
+ *                   1..256 (default: number of CPUs, at least 2)
+ *   "aging_ms"      a ready operation waiting this long gains one priority
+ *                   level, and another each further aging_ms, so low
+ *                   priority work is never starved (default 1000; 0 = off)
+ *   "history"       how many finished operations stay known for depends_on
+ *                   and fq_op_dependency_result (default 4096, 0..1000000)
+ *   "max_per_host"  network operations running at once per host:port across
+ *                   all queues (default 6, 1..1024)
+ *   "connect_timeout_ms" (default 10000), "timeout_ms" total per request
+ *                   (default 60000; 0 = none), "max_wait_ms" time allowed in
+ *                   a queue before FAILED with FQ_ERR_QUEUE_TIMEOUT (default 0
+ *                   = none), "max_redirects" (default 5; 0 = do not follow),
+ *                   "max_response_bytes" (default 16777216), "max_json_depth"
+ *                   (default 512), "verify_tls" (default true), "ca_file"
+ *                   (a PEM file; default the system store), "user_agent"
+ *                   (default "fetchq/VERSION")
+ *   "search"        the search endpoint, an object:
+ *                   "url" (a template containing {query}), "results" (a JSON
+ *                   Pointer to the results array, default ""), "id" (pointer
+ *                   to an item's id, default "/id"), "sort" (pointer to the
+ *                   sort key; default none = server order), "order" ("asc" |
+ *                   "desc", default "desc")
+ * On failure returns NULL and, if errbuf is not NULL, writes a NUL-terminated
+ * message of at most errlen bytes (also available from fq_last_error()). */
+fq_engine *fq_engine_new(const json_t *config, char *errbuf, size_t errlen);
+
+/* Frees the engine: cancels every pending operation, signals running ones to
+ * cancel, waits for running operations to end (an async operation must still
+ * be finished with fq_op_finish), delivers every outstanding callback (in poll
+ * mode, on this thread), stops the threads and releases everything, queues
+ * included (their handles become invalid). Returns FQ_OK, or FQ_ERR_STATE
+ * without doing anything when called from a callback or an operation body of
+ * this engine. NULL is a no-op returning FQ_OK. While it runs, submits from
+ * callbacks fail with FQ_ERR_SHUTDOWN. */
+int fq_engine_free(fq_engine *engine);
+
+/* Waits until every operation submitted to the engine has finished and its
+ * callback has returned. timeout_ms < 0 waits forever. Returns FQ_OK or
+ * FQ_ERR_TIMEOUT; FQ_ERR_STATE when called from a callback or operation body
+ * in thread delivery mode (it would wait for itself). In poll mode it runs
+ * the callbacks on the calling thread while it waits. */
+int fq_engine_wait_idle(fq_engine *engine, int timeout_ms);
+
+/* Counters, NEW reference (NULL for a NULL engine):
+ * {"submitted", "succeeded", "failed", "cancelled", "queued", "running",
+ *  "undelivered", "queues": {"<name>": {"max_concurrent", "suspended",
+ *  "queued", "running", "submitted", "succeeded", "failed", "cancelled"}}}.
+ * "queued" counts operations waiting (for dependencies, a slot or resume),
+ * "undelivered" finished operations whose callback has not yet returned. */
+json_t *fq_engine_stats(fq_engine *engine);
+
+/* Poll mode: a file descriptor that is readable while completions wait to
+ * be dispatched. Owned by the engine; do not read or close it. Returns -1
+ * (FQ_ERR_INVALID) for thread delivery mode or a NULL engine. */
+int fq_engine_event_fd(fq_engine *engine);
+
+/* Poll mode: runs up to `max` waiting callbacks on the calling thread
+ * (max <= 0: all that are waiting now). Returns how many ran, or a negative
+ * status (FQ_ERR_STATE in thread delivery mode or when called from inside a
+ * callback). */
+int fq_engine_dispatch(fq_engine *engine, int max);
+
+/* ------------------------------------------------------------------ */
+/* Queues                                                               */
+/* ------------------------------------------------------------------ */
+
+/* Creates a queue. `name` is copied and must be unique among the engine's
+ * live queues (it keys fq_engine_stats). max_concurrent >= 1 is how many of
+ * its operations may run at once. Returns NULL on error (fq_last_error()). */
+fq_queue *fq_queue_new(fq_engine *engine, const char *name, int max_concurrent);
+
+/* Releases the handle. Operations of the queue that have not started are
+ * cancelled (their callbacks run with FQ_CANCELLED); running ones finish
+ * normally. Returns at once. NULL is a no-op. */
+void fq_queue_free(fq_queue *queue);
+
+/* Changes max_concurrent (>= 1); more operations start at once if it grew. */
+int fq_queue_set_max_concurrent(fq_queue *queue, int max_concurrent);
+
+/* A suspended queue starts nothing new; running operations go on. */
+int fq_queue_set_suspended(fq_queue *queue, bool suspended);
+
+/* Cancels every operation of the queue. Returns how many were cancelled
+ * (>= 0) or a negative status. */
+int fq_queue_cancel_all(fq_queue *queue);
+
+/* Waits until every operation submitted to this queue has finished and its
+ * callback has returned (like waitUntilAllOperationsAreFinished). Same
+ * timeout, poll-mode and FQ_ERR_STATE rules as fq_engine_wait_idle(). */
+int fq_queue_wait(fq_queue *queue, int timeout_ms);
+
+/* ------------------------------------------------------------------ */
+/* Submitting operations                                                */
+/* ------------------------------------------------------------------ */
+
+/* Options common to every submit (`options` is BORROWED, may be NULL):
+ *   "priority"   -8, -4, 0, 4, 8 or "very-low", "low", "normal", "high",
+ *                "very-high" (default 0). Higher starts first; FIFO within a
+ *                level; waiting operations age (see config "aging_ms").
+ *   "qos"        "user-interactive", "user-initiated", "default", "utility",
+ *                "background": when queues compete for worker threads and
+ *                hosts, higher QoS goes first; within a queue it breaks ties
+ *                between equal priorities.
+ *   "group"      a string tag for fq_cancel_group().
+ *   "depends_on" an array of operation ids (any queue of this engine). The
+ *                operation starts after all of them succeeded; if one fails
+ *                or is cancelled it ends FQ_CANCELLED with status
+ *                FQ_ERR_DEPENDENCY and a message naming that id. An unknown
+ *                id, or one that finished longer ago than config "history"
+ *                remembers, fails the submit with FQ_ERR_NOT_FOUND.
+ *   "barrier"    true: starts only after everything submitted to the queue
+ *                before it has finished, and nothing submitted after it
+ *                starts before it has finished.
+ *   "max_wait_ms" overrides the engine's max_wait_ms for this operation.
+ * `done` may be NULL (no callback). `userdata` is passed to `done` (and to the
+ * body of block/async operations) untouched. */
+
+fq_op_id fq_submit_block(fq_queue *queue, fq_block_fn fn, const json_t *options,
+                         fq_completion_fn done, void *userdata);
+
+fq_op_id fq_submit_async(fq_queue *queue, fq_async_fn fn, const json_t *options,
+                         fq_completion_fn done, void *userdata);
+
+/* ------------------------------------------------------------------ */
+/* Inside an operation's body                                           */
+/* ------------------------------------------------------------------ */
+
+/* The id of the operation. */
+fq_op_id fq_op_get_id(const fq_op *op);
+
+/* true once the operation has been cancelled (fq_cancel, a group or queue
+ * cancel, engine free). A long body should check it and return early. */
+bool fq_op_is_cancelled(const fq_op *op);
+
+/* Block operations, during their body: the operation will end FQ_FAILED with
+ * status FQ_ERR_OPERATION and this message (copied). Any returned value is
+ * then discarded. */
+int fq_op_set_error(fq_op *op, const char *message);
+
+/* Async operations: ends the operation, exactly once, from any thread.
+ * `value` is STOLEN (NULL for none). error == NULL: FQ_SUCCEEDED with value;
+ * otherwise FQ_FAILED with FQ_ERR_OPERATION and this message (copied; value
+ * discarded). If the operation was cancelled meanwhile it ends FQ_CANCELLED.
+ * After it returns `op` is invalid. Returns FQ_ERR_STATE (and releases
+ * `value`) for a block operation's handle. */
+int fq_op_finish(fq_op *op, json_t *value, const char *error);
+
+/* The value of a dependency named in "depends_on" (data passing down a
+ * chain). BORROWED: valid until this operation finishes. NULL if `dep` is not
+ * one of its dependencies or produced no value. */
+json_t *fq_op_dependency_result(const fq_op *op, fq_op_id dep);
+
+/* ------------------------------------------------------------------ */
+/* Controlling operations                                               */
+/* ------------------------------------------------------------------ */
+
+/* Cancels one operation. Not started yet: it ends FQ_CANCELLED at once (its
+ * callback is queued for delivery). Running: block and async bodies see
+ * fq_op_is_cancelled() and end FQ_CANCELLED when they return/finish; network
+ * operations are aborted at once. FQ_ERR_NOT_FOUND if it already finished
+ * or never existed. Cancelling twice is harmless (FQ_OK). */
+int fq_cancel(fq_engine *engine, fq_op_id id);
+
+/* Cancels every unfinished operation whose "group" is `group`. Returns how
+ * many were cancelled (>= 0) or a negative status. */
+int fq_cancel_group(fq_engine *engine, const char *group);
+
+/* Cancels every unfinished operation of the engine. Returns how many. */
+int fq_cancel_all(fq_engine *engine);
+
+/* Changes the priority of an operation that has not started (same values as
+ * the "priority" option, as a number). FQ_ERR_STATE once it has started. */
+int fq_set_priority(fq_engine *engine, fq_op_id id, int priority);
+
+/* Makes `op` also wait for `dep` (like NSOperation's addDependency). `op`
+ * must not have started (FQ_ERR_STATE); FQ_ERR_CYCLE if `dep` already waits,
+ * directly or not, for `op` (or dep == op); FQ_ERR_NOT_FOUND for an unknown
+ * id. A `dep` that already finished is treated as in "depends_on". */
+int fq_add_dependency(fq_engine *engine, fq_op_id op, fq_op_id dep);
+
+/* ------------------------------------------------------------------ */
+/* Results (inside a completion callback)                               */
+/* ------------------------------------------------------------------ */
+
+fq_op_id fq_result_op_id(const fq_result *result);
+fq_outcome fq_result_outcome(const fq_result *result);
+/* FQ_OK when the operation succeeded, else the reason as an fq_status. */
+int fq_result_status(const fq_result *result);
+/* A message saying why it failed or was cancelled; NULL on success.
+ * BORROWED: valid during the callback. */
+const char *fq_result_error(const fq_result *result);
+/* The operation's value: a block's return value, an async op's finish
+ * value, a parsed response, a search's {"query","items","count"}. BORROWED:
+ * valid during the callback (json_incref it to keep it). NULL if none. */
+json_t *fq_result_value(const fq_result *result);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FETCHQ_H */
