@@ -1,0 +1,437 @@
+@testable import FetchQ
+import Testing
+
+/// The scheduler's decisions, tested as a pure value: no threads, no I/O,
+/// time passed in explicitly.
+@Suite struct SchedulerStateMachineTests {
+    typealias Machine = SchedulerStateMachine<String>
+
+    /// Ids started by these actions, in order.
+    func started(_ actions: [Machine.Action]) -> [OpID] {
+        actions.compactMap { if case .start(let id, _) = $0 { return id } else { return nil } }
+    }
+
+    func completed(_ actions: [Machine.Action]) -> [(OpID, Outcome, FQStatus, String)] {
+        actions.compactMap {
+            if case .complete(let id, let o, let s, let m) = $0 { return (id, o, s, m) } else { return nil }
+        }
+    }
+
+    func submit(_ m: inout Machine, _ q: QueueID, priority: Priority = .normal, qos: QoS = .default,
+                group: String? = nil, host: String? = nil, deps: [OpID] = [], barrier: Bool = false,
+                now: UInt64 = 0) -> (OpID, [Machine.Action]) {
+        var spec = Machine.Spec(queue: q)
+        spec.priority = priority
+        spec.qos = qos
+        spec.group = group
+        spec.host = host
+        spec.dependsOn = deps
+        spec.barrier = barrier
+        return try! m.submit(spec, now: now).get()
+    }
+
+    @Test func startsUpToMaxConcurrentThenOneMorePerFinish() {
+        var m = Machine()
+        let q = m.addQueue(name: "q", maxConcurrent: 2)
+        var starts: [OpID] = []
+        for _ in 0..<4 { starts += started(submit(&m, q).1) }
+        #expect(starts == [1, 2])
+        #expect(m.counters.running == 2)
+        #expect(m.counters.queued == 2)
+        #expect(started(m.finished(1, .succeeded, payload: nil, now: 0)) == [3])
+        #expect(started(m.finished(3, .succeeded, payload: nil, now: 0)) == [4])
+        #expect(m.counters.succeeded == 2)
+    }
+
+    @Test func priorityOrderThenFIFOWithinALevel() {
+        var m = Machine()
+        let q = m.addQueue(name: "q", maxConcurrent: 1)
+        _ = m.setSuspended(q, true, now: 0)
+        let order: [Priority] = [.low, .veryHigh, .normal, .veryHigh, .veryLow, .high, .low]
+        var ids: [OpID] = []
+        for p in order { ids.append(submit(&m, q, priority: p).0) }
+        var run = started(m.setSuspended(q, false, now: 0))
+        while let last = run.last, run.count < ids.count {
+            run += started(m.finished(last, .succeeded, payload: nil, now: 0))
+        }
+        // very-high (2, 4), high (6), normal (3), low (1, 7), very-low (5)
+        #expect(run == [2, 4, 6, 3, 1, 7, 5])
+    }
+
+    @Test func agingLetsALowPriorityOperationThrough() {
+        var m = Machine(config: .init(agingNanos: 1000, maxPerHost: 6, history: 16))
+        let q = m.addQueue(name: "q", maxConcurrent: 1)
+        let (blocker, _) = submit(&m, q, now: 0)
+        let (low, _) = submit(&m, q, priority: .veryLow, now: 0)
+        // A steady stream of very-high work, each arriving fresh.
+        var running = blocker
+        var now: UInt64 = 0
+        var startedLow = false
+        for _ in 0..<20 {
+            now += 500
+            _ = submit(&m, q, priority: .veryHigh, now: now)
+            let next = started(m.finished(running, .succeeded, payload: nil, now: now))
+            #expect(next.count == 1)
+            running = next[0]
+            if running == low { startedLow = true; break }
+        }
+        // very-low is 4 levels below very-high: after 4 aging intervals
+        // (4000 ns) it ties and wins as the older one.
+        #expect(startedLow)
+        #expect(now <= 4500)
+    }
+
+    @Test func noAgingWhenDisabled() {
+        var m = Machine(config: .init(agingNanos: 0, maxPerHost: 6, history: 16))
+        let q = m.addQueue(name: "q", maxConcurrent: 1)
+        var running = submit(&m, q).0
+        let (low, _) = submit(&m, q, priority: .veryLow)
+        for i in 1...50 {
+            _ = submit(&m, q, priority: .high, now: UInt64(i) * 1_000_000_000)
+            running = started(m.finished(running, .succeeded, payload: nil, now: UInt64(i) * 1_000_000_000))[0]
+            #expect(running != low)
+        }
+    }
+
+    @Test func dependenciesPassPayloadsAndCrossQueues() {
+        var m = Machine()
+        let q1 = m.addQueue(name: "a", maxConcurrent: 4)
+        let q2 = m.addQueue(name: "b", maxConcurrent: 4)
+        let (a, s1) = submit(&m, q1)
+        let (b, s2) = submit(&m, q2, deps: [a])
+        #expect(started(s1) == [a])
+        #expect(started(s2).isEmpty)
+        #expect(m.state(of: b) == .waiting)
+        let actions = m.finished(a, .succeeded, payload: "A's value", now: 0)
+        guard case .start(let id, let deps) = actions.first else {
+            Issue.record("expected a start, got \(actions)")
+            return
+        }
+        #expect(id == b)
+        #expect(deps.count == 1)
+        #expect(deps.first?.0 == a)
+        #expect(deps.first?.1 == "A's value")
+    }
+
+    @Test func failedDependencyCancelsTheChainWithItsName() {
+        var m = Machine()
+        let q = m.addQueue(name: "q", maxConcurrent: 4)
+        let (a, _) = submit(&m, q)
+        let (b, _) = submit(&m, q, deps: [a])
+        let (c, _) = submit(&m, q, deps: [b])
+        let (d, _) = submit(&m, q)  // unrelated
+        let done = completed(m.finished(a, .failed, payload: nil, now: 0))
+        #expect(done.map(\.0).sorted() == [b, c])
+        let byID = Dictionary(uniqueKeysWithValues: done.map { ($0.0, $0) })
+        #expect(byID[b]?.1 == .cancelled)
+        #expect(byID[b]?.2 == .dependency)
+        #expect(byID[b]?.3 == "dependency \(a) failed")
+        #expect(byID[c]?.3 == "dependency \(b) was cancelled")
+        #expect(m.isLive(d))
+        #expect(m.counters.cancelled == 2)
+        #expect(m.counters.failed == 1)
+    }
+
+    @Test func longFailureChainDoesNotRecurse() {
+        var m = Machine(config: .init(agingNanos: 0, maxPerHost: 6, history: 0))
+        let q = m.addQueue(name: "q", maxConcurrent: 1)
+        let (first, _) = submit(&m, q)
+        var last = first
+        for _ in 0..<100_000 { last = submit(&m, q, deps: [last]).0 }
+        let done = completed(m.finished(first, .failed, payload: nil, now: 0))
+        #expect(done.count == 100_000)
+        #expect(m.liveCount == 0)
+    }
+
+    @Test func dependingOnAFinishedOperationUsesHistory() {
+        var m = Machine(config: .init(agingNanos: 0, maxPerHost: 6, history: 2))
+        let q = m.addQueue(name: "q", maxConcurrent: 4)
+        let (a, _) = submit(&m, q)
+        _ = m.finished(a, .succeeded, payload: "va", now: 0)
+        let (b, actions) = submit(&m, q, deps: [a])
+        guard case .start(b, let deps) = actions.first else {
+            Issue.record("expected b to start, got \(actions)")
+            return
+        }
+        #expect(deps.first?.1 == "va")
+        // A failed one, then evicted from history (2 entries).
+        let (f, _) = submit(&m, q)
+        _ = m.finished(f, .failed, payload: nil, now: 0)
+        let (g, ga) = submit(&m, q, deps: [f])
+        #expect(completed(ga).first?.0 == g)
+        #expect(completed(ga).first?.2 == .dependency)
+        _ = m.finished(b, .succeeded, payload: nil, now: 0)
+        var spec = Machine.Spec(queue: q)
+        spec.dependsOn = [a]
+        guard case .failure(let error) = m.submit(spec, now: 0) else {
+            Issue.record("expected a failure for an evicted dependency")
+            return
+        }
+        #expect(error.status == .notFound)
+        #expect(error.message.contains("history"))
+        spec.dependsOn = [9999]
+        guard case .failure(let unknown) = m.submit(spec, now: 0) else {
+            Issue.record("expected a failure for an unknown dependency")
+            return
+        }
+        #expect(unknown.message == "no operation 9999")
+    }
+
+    @Test func addDependencyRejectsCycles() {
+        var m = Machine()
+        let q = m.addQueue(name: "q", maxConcurrent: 1)
+        _ = m.setSuspended(q, true, now: 0)
+        let (a, _) = submit(&m, q)
+        let (b, _) = submit(&m, q)
+        let (c, _) = submit(&m, q)
+        #expect((try? m.addDependency(b, on: a, now: 0).get()) != nil)
+        #expect((try? m.addDependency(c, on: b, now: 0).get()) != nil)
+        for (op, dep) in [(a, c), (a, b), (b, c), (a, a)] {
+            guard case .failure(let e) = m.addDependency(op, on: dep, now: 0) else {
+                Issue.record("\(op) -> \(dep) should be a cycle")
+                continue
+            }
+            #expect(e.status == .cycle)
+        }
+        guard case .failure(let nf) = m.addDependency(a, on: 77, now: 0) else {
+            Issue.record("unknown dep accepted")
+            return
+        }
+        #expect(nf.status == .notFound)
+        // Resume: a, then b, then c, one at a time, in dependency order.
+        var run = started(m.setSuspended(q, false, now: 0))
+        #expect(run == [a])
+        run += started(m.finished(a, .succeeded, payload: nil, now: 0))
+        run += started(m.finished(b, .succeeded, payload: nil, now: 0))
+        #expect(run == [a, b, c])
+    }
+
+    @Test func addDependencyOnStartedOperationIsAStateError() {
+        var m = Machine()
+        let q = m.addQueue(name: "q", maxConcurrent: 1)
+        let (a, _) = submit(&m, q)
+        let (b, _) = submit(&m, q)
+        guard case .failure(let e) = m.addDependency(a, on: b, now: 0) else {
+            Issue.record("running op accepted a dependency")
+            return
+        }
+        #expect(e.status == .state)
+    }
+
+    @Test func cancelBeforeStartCompletesAtOnceAndRunningIsSignalled() {
+        var m = Machine()
+        let q = m.addQueue(name: "q", maxConcurrent: 1)
+        let (a, _) = submit(&m, q)
+        let (b, _) = submit(&m, q)
+        let cb = try! m.cancel(b, now: 0).get()
+        #expect(completed(cb).map(\.0) == [b])
+        #expect(completed(cb).first?.1 == .cancelled)
+        #expect(completed(cb).first?.2 == .cancelled)
+        let ca = try! m.cancel(a, now: 0).get()
+        guard case .cancelRunning(a) = ca.first else {
+            Issue.record("expected cancelRunning, got \(ca)")
+            return
+        }
+        #expect(m.isLive(a))  // it ends when the runtime reports it
+        #expect(try! m.cancel(a, now: 0).get().isEmpty)  // twice: harmless
+        _ = m.finished(a, .cancelled, payload: nil, now: 0)
+        guard case .failure(let e) = m.cancel(a, now: 0) else {
+            Issue.record("cancel after finish accepted")
+            return
+        }
+        #expect(e.status == .notFound)
+        #expect(m.counters.cancelled == 2)
+    }
+
+    @Test func cancelGroupTouchesOnlyThatGroup() {
+        var m = Machine()
+        let q = m.addQueue(name: "q", maxConcurrent: 1)
+        _ = m.setSuspended(q, true, now: 0)
+        var red: [OpID] = []
+        for i in 0..<6 { red.append(submit(&m, q, group: i % 2 == 0 ? "red" : "blue").0) }
+        let (count, actions) = m.cancelGroup("red", now: 0)
+        #expect(count == 3)
+        #expect(completed(actions).map(\.0).sorted() == [1, 3, 5])
+        #expect(m.cancelGroup("red", now: 0).count == 0)
+        #expect(m.counters.queued == 3)
+    }
+
+    @Test func barrierWaitsForEarlierAndHoldsBackLater() {
+        var m = Machine()
+        let q = m.addQueue(name: "q", maxConcurrent: 4)
+        let (a, _) = submit(&m, q)
+        let (b, _) = submit(&m, q)
+        let (barrier, sb) = submit(&m, q, barrier: true)
+        let (c, sc) = submit(&m, q)
+        #expect(started(sb).isEmpty)
+        #expect(started(sc).isEmpty)
+        #expect(started(m.finished(a, .succeeded, payload: nil, now: 0)).isEmpty)
+        // A failed earlier operation does not cancel the barrier: it only orders.
+        #expect(started(m.finished(b, .failed, payload: nil, now: 0)) == [barrier])
+        #expect(started(m.finished(barrier, .succeeded, payload: nil, now: 0)) == [c])
+    }
+
+    @Test func perHostLimitDoesNotBlockOtherHosts() {
+        var m = Machine(config: .init(agingNanos: 0, maxPerHost: 2, history: 16))
+        let q = m.addQueue(name: "q", maxConcurrent: 10)
+        var starts: [OpID] = []
+        for _ in 0..<5 { starts += started(submit(&m, q, host: "a:80").1) }
+        starts += started(submit(&m, q, host: "b:80").1)
+        starts += started(submit(&m, q).1)  // no host: not limited
+        #expect(starts == [1, 2, 6, 7])
+        // The limit is per host across queues too.
+        let q2 = m.addQueue(name: "q2", maxConcurrent: 10)
+        #expect(started(submit(&m, q2, host: "a:80").1).isEmpty)
+        #expect(started(m.finished(1, .succeeded, payload: nil, now: 0)) == [3])
+    }
+
+    @Test func qosDecidesAcrossQueuesForAHost() {
+        var m = Machine(config: .init(agingNanos: 0, maxPerHost: 1, history: 16))
+        let bg = m.addQueue(name: "bg", maxConcurrent: 4)
+        let ui = m.addQueue(name: "ui", maxConcurrent: 4)
+        let (first, _) = submit(&m, bg, host: "h")
+        _ = submit(&m, bg, qos: .background, host: "h")
+        let (interactive, _) = submit(&m, ui, qos: .userInteractive, host: "h")
+        #expect(started(m.finished(first, .succeeded, payload: nil, now: 0)) == [interactive])
+    }
+
+    @Test func setPriorityReordersWaitingWork() {
+        var m = Machine()
+        let q = m.addQueue(name: "q", maxConcurrent: 1)
+        _ = m.setSuspended(q, true, now: 0)
+        let ids = (0..<3).map { _ in submit(&m, q).0 }
+        _ = try! m.setPriority(ids[2], .high, now: 0).get()
+        _ = try! m.setPriority(ids[0], .low, now: 0).get()
+        var run = started(m.setSuspended(q, false, now: 0))
+        run += started(m.finished(run[0], .succeeded, payload: nil, now: 0))
+        run += started(m.finished(run[1], .succeeded, payload: nil, now: 0))
+        #expect(run == [ids[2], ids[1], ids[0]])
+        guard case .failure(let e) = m.setPriority(ids[0], .high, now: 0) else {
+            Issue.record("priority change of a running op accepted")
+            return
+        }
+        #expect(e.status == .state)
+    }
+
+    @Test func maxConcurrentAndSuspensionChangesTakeEffect() {
+        var m = Machine()
+        let q = m.addQueue(name: "q", maxConcurrent: 1)
+        for _ in 0..<5 { _ = submit(&m, q) }
+        #expect(m.counters.running == 1)
+        #expect(started(m.setMaxConcurrent(q, 3, now: 0)) == [2, 3])
+        _ = m.setSuspended(q, true, now: 0)
+        #expect(started(m.finished(1, .succeeded, payload: nil, now: 0)).isEmpty)
+        #expect(started(m.setSuspended(q, false, now: 0)) == [4])
+    }
+
+    @Test func startDeadlineFailsWaitingOperations() {
+        var m = Machine()
+        let q = m.addQueue(name: "q", maxConcurrent: 1)
+        _ = submit(&m, q)
+        var spec = Machine.Spec(queue: q)
+        spec.startDeadline = 100
+        let (late, _) = try! m.submit(spec, now: 0).get()
+        #expect(m.nextDeadline() == 100)
+        #expect(completed(m.expire(now: 99) { _ in "x" }).isEmpty)
+        let done = completed(m.expire(now: 100) { "op \($0) waited" })
+        #expect(done.count == 1)
+        #expect(done.first?.0 == late)
+        #expect(done.first?.1 == .failed)
+        #expect(done.first?.2 == .queueTimeout)
+        #expect(done.first?.3 == "op \(late) waited")
+        #expect(m.nextDeadline() == nil)
+    }
+
+    @Test func closingAQueueCancelsOnlyWhatHasNotStarted() {
+        var m = Machine()
+        let q = m.addQueue(name: "q", maxConcurrent: 1)
+        let (a, _) = submit(&m, q)
+        let (b, _) = submit(&m, q)
+        let actions = m.closeQueue(q, now: 0)
+        #expect(completed(actions).map(\.0) == [b])
+        #expect(actions.count == 1)
+        #expect(m.isLive(a))
+        #expect(m.queues[q] != nil)
+        _ = m.finished(a, .succeeded, payload: nil, now: 0)
+        #expect(m.queues[q] == nil)
+        var spec = Machine.Spec(queue: q)
+        spec.priority = .normal
+        guard case .failure(let e) = m.submit(spec, now: 0) else {
+            Issue.record("submit to a closed queue accepted")
+            return
+        }
+        #expect(e.status == .invalid)
+    }
+
+    @Test func exactlyOneEndPerOperationUnderRandomEvents() {
+        var rng = SplitMix(seed: 42)
+        var m = Machine(config: .init(agingNanos: 10, maxPerHost: 3, history: 64))
+        let queues = (0..<3).map { m.addQueue(name: "q\($0)", maxConcurrent: 1 + $0) }
+        var ends: [OpID: Int] = [:]
+        var running: Set<OpID> = []
+        var submitted = 0
+        func absorb(_ actions: [Machine.Action]) {
+            for a in actions {
+                switch a {
+                case .start(let id, _): running.insert(id)
+                case .complete(let id, _, _, _): ends[id, default: 0] += 1
+                case .cancelRunning: break
+                }
+            }
+        }
+        var now: UInt64 = 0
+        for _ in 0..<20_000 {
+            now += 1
+            switch rng.next() % 10 {
+            case 0...4:
+                var spec = Machine.Spec(queue: queues[Int(rng.next() % 3)])
+                spec.priority = Priority.allCases[Int(rng.next() % 5)]
+                spec.host = rng.next() % 2 == 0 ? "h\(rng.next() % 3)" : nil
+                if submitted > 0 && rng.next() % 3 == 0 { spec.dependsOn = [OpID(submitted) - OpID(rng.next() % 5)] }
+                // A dependency evicted from history fails the submit: no id taken.
+                if case .success(let (_, actions)) = m.submit(spec, now: now) {
+                    submitted += 1
+                    absorb(actions)
+                }
+            case 5...7:
+                if let id = running.randomElement(using: &rng) {
+                    running.remove(id)
+                    ends[id, default: 0] += 1
+                    absorb(m.finished(id, rng.next() % 4 == 0 ? .failed : .succeeded, payload: nil, now: now))
+                }
+            default:
+                if submitted > 0, case .success(let actions) = m.cancel(OpID(rng.next() % UInt64(submitted)) + 1, now: now) {
+                    absorb(actions)
+                }
+            }
+        }
+        // Drain: finish everything still running until nothing is live.
+        var rounds = 0
+        while let id = running.first, rounds < 100_000 {
+            rounds += 1
+            running.remove(id)
+            ends[id, default: 0] += 1
+            absorb(m.finished(id, .succeeded, payload: nil, now: now))
+        }
+        #expect(m.liveCount == 0)
+        #expect(ends.count == submitted)
+        #expect(ends.values.allSatisfy { $0 == 1 })
+        let c = m.counters
+        #expect(c.submitted == submitted)
+        #expect(c.succeeded + c.failed + c.cancelled == submitted)
+        #expect(c.queued == 0 && c.running == 0)
+    }
+}
+
+/// A small deterministic generator for reproducible random tests.
+struct SplitMix: RandomNumberGenerator {
+    var state: UInt64
+    init(seed: UInt64) { state = seed }
+    mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+}
