@@ -25,7 +25,7 @@ public func fq_submit_block(_ handle: OpaquePointer?, _ fn: fq_block_fn?, _ opti
     guard let q = queue(handle), let fn else { return fq_op_id(fail(.invalid, "NULL queue or function")) }
     let ud = UserData(pointer: userdata)
     return submitted { () throws(FetchQError) in
-        try q.engine.submit(.block { op in JSONRef(owned: fn(op.handle, ud.pointer)) },
+        try q.engine.submit(.block { op in JSONRef.adopt(fn(op.handle, ud.pointer)) },
                             to: q, options: options, completion: completion(done, ud))
     }
 }
@@ -61,14 +61,14 @@ public func fq_op_set_error(_ handle: OpaquePointer?, _ message: UnsafePointer<C
 @c @implementation
 public func fq_op_finish(_ handle: OpaquePointer?, _ value: UnsafeMutablePointer<json_t>?,
                          _ error: UnsafePointer<CChar>?) -> Int32 {
-    let owned = JSONRef(owned: value)  // stolen: released here on any failure
+    let owned = JSONRef.adopt(value)  // stolen: released here on any failure
     guard let op = operation(handle) else { return fail(nullHandle) }
     return status { () throws(FetchQError) in try op.finish(value: owned, error: string(error)) }
 }
 
 @c @implementation
 public func fq_op_dependency_result(_ handle: OpaquePointer?, _ dep: fq_op_id) -> UnsafeMutablePointer<json_t>? {
-    operation(handle)?.dependencyResult(dep)?.pointer
+    operation(handle)?.dependencyResult(dep)?.raw
 }
 
 @c @implementation
@@ -91,5 +91,5 @@ public func fq_result_error(_ handle: OpaquePointer?) -> UnsafePointer<CChar>? {
 
 @c @implementation
 public func fq_result_value(_ handle: OpaquePointer?) -> UnsafeMutablePointer<json_t>? {
-    result(handle)?.value?.pointer
+    result(handle)?.value?.raw
 }

@@ -370,7 +370,7 @@ public final class Engine: @unchecked Sendable {
             json_object_set_new(perQueue, queue.name, q)
         }
         json_object_set_new(root, "queues", perQueue)
-        return JSONRef(owned: root)!
+        return JSONRef(owned: root)
     }
 
     // MARK: - Shutdown
