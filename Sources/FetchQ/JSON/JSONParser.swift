@@ -1,0 +1,208 @@
+import CJansson
+
+/// A JSON text that could not be parsed: what went wrong, jansson's message, and where.
+///
+/// Locations follow jansson's convention so that pre-scan errors and jansson errors read
+/// the same: `line` is 1-based, `column` is the 1-based count of UTF-8 characters on that
+/// line up to and including the offending one, `position` is the number of bytes read
+/// (the offending byte included). They are -1 when unknown.
+public struct JSONParseError: Error, Sendable, Equatable, CustomStringConvertible {
+    /// Broad classes of parse failure.
+    public enum Kind: Sendable, Equatable {
+        /// Not JSON: bad token, trailing data, truncated input, raw NUL byte, bad escape.
+        case syntax
+        /// Containers nested deeper than the limit (`maxDepth`, or jansson's own
+        /// compile-time limit ``JSONParser/janssonMaxDepth``).
+        case depth
+        /// No value at all: zero bytes or only whitespace.
+        case empty
+        /// The bytes are not valid UTF-8 (overlong, truncated, surrogate, > U+10FFFF).
+        case invalidUTF8
+        /// Valid JSON that jansson cannot represent: integers outside Int64, reals that
+        /// overflow a double, an object key containing `\u0000`.
+        case unsupported
+        /// jansson could not allocate memory.
+        case outOfMemory
+    }
+
+    /// The class of failure.
+    public let kind: Kind
+    /// Human-readable reason (jansson's text for errors jansson found).
+    public let message: String
+    /// 1-based line, or -1.
+    public let line: Int
+    /// 1-based column in characters, or -1.
+    public let column: Int
+    /// Bytes read when the error was found, or -1.
+    public let position: Int
+
+    /// Creates an error (mainly for tests and for callers that wrap other parsers).
+    public init(kind: Kind, message: String, line: Int, column: Int, position: Int) {
+        self.kind = kind
+        self.message = message
+        self.line = line
+        self.column = column
+        self.position = position
+    }
+
+    /// `"<message> (line L, column C, byte P)"`.
+    public var description: String {
+        line >= 0
+            ? "\(message) (line \(line), column \(column), byte \(position))"
+            : message
+    }
+}
+
+/// Parses JSON text into jansson values, with a nesting limit enforced before jansson runs.
+///
+/// Accepts any JSON value at the top level (`JSON_DECODE_ANY`) and `\u0000` inside
+/// strings (`JSON_ALLOW_NUL`), as RFC 8259 does. Rejects invalid UTF-8, trailing data and
+/// raw NUL bytes. Duplicate object keys are accepted; the last one wins (jansson).
+public enum JSONParser {
+    /// jansson's compile-time nesting limit (`JSON_PARSER_MAX_DEPTH`, 2048 in the Debian
+    /// build). A `maxDepth` above it is capped by jansson, still reported as `.depth`.
+    public static let janssonMaxDepth = Int(JSON_PARSER_MAX_DEPTH)
+
+    /// Parses `bytes` as one JSON value.
+    ///
+    /// - Parameters:
+    ///   - bytes: the JSON text (UTF-8). Not retained.
+    ///   - maxDepth: the deepest allowed nesting of arrays and objects; `[]` has depth 1 and
+    ///     a scalar depth 0, so `maxDepth: 0` accepts only scalars. Checked by a linear
+    ///     pre-scan (brackets inside strings do not count) before jansson sees the input,
+    ///     so a hostile body cannot make jansson recurse; this check comes first, so a
+    ///     too-deep text is reported as `.depth` even if it also has a syntax error.
+    /// - Returns: a new value (one reference, owned by the returned ``JSONRef``).
+    public static func parse(_ bytes: UnsafeRawBufferPointer, maxDepth: Int) throws(JSONParseError)
+        -> JSONRef
+    {
+        try preScan(bytes, maxDepth: max(0, maxDepth))
+        // preScan rejects empty input, so baseAddress is non-nil here.
+        let chars = bytes.baseAddress!.assumingMemoryBound(to: CChar.self)
+        var error = json_error_t()
+        let flags = Int(JSON_DECODE_ANY) | Int(JSON_ALLOW_NUL)
+        if let value = JSONRef(owned: json_loadb(chars, bytes.count, flags, &error)) {
+            return value
+        }
+        throw JSONParseError(
+            kind: kind(of: json_error_code(&error)),
+            message: text(of: error),
+            line: Int(error.line), column: Int(error.column), position: Int(error.position))
+    }
+
+    /// Parses the UTF-8 bytes of `text` (see the `UnsafeRawBufferPointer` overload).
+    public static func parse(_ text: String, maxDepth: Int) throws(JSONParseError) -> JSONRef {
+        var text = text
+        let result: Result<JSONRef, JSONParseError> = text.withUTF8 { utf8 in
+            Result { () throws(JSONParseError) in
+                try parse(UnsafeRawBufferPointer(utf8), maxDepth: maxDepth)
+            }
+        }
+        return try result.get()
+    }
+
+    /// Parses `bytes` (see the `UnsafeRawBufferPointer` overload).
+    public static func parse(_ bytes: [UInt8], maxDepth: Int) throws(JSONParseError) -> JSONRef {
+        let result: Result<JSONRef, JSONParseError> = bytes.withUnsafeBytes { raw in
+            Result { () throws(JSONParseError) in try parse(raw, maxDepth: maxDepth) }
+        }
+        return try result.get()
+    }
+
+    // MARK: - Pre-scan
+
+    /// One pass over the bytes: rejects nesting deeper than `maxDepth` (outside strings,
+    /// honouring backslash escapes), raw NUL bytes (never valid JSON; jansson accepts one
+    /// right after a top-level number), and input with no value at all.
+    static func preScan(_ bytes: UnsafeRawBufferPointer, maxDepth: Int) throws(JSONParseError) {
+        var depth = 0
+        var inString = false
+        var escaped = false
+        var sawValue = false
+        var index = 0
+        let count = bytes.count
+        while index < count {
+            let byte = bytes[index]
+            if byte == 0 {
+                throw located(
+                    .syntax, "NUL byte is not allowed in JSON text", at: index, in: bytes)
+            }
+            if inString {
+                if escaped {
+                    escaped = false
+                } else if byte == UInt8(ascii: "\\") {
+                    escaped = true
+                } else if byte == UInt8(ascii: "\"") {
+                    inString = false
+                }
+            } else {
+                switch byte {
+                case UInt8(ascii: "["), UInt8(ascii: "{"):
+                    depth += 1
+                    sawValue = true
+                    if depth > maxDepth {
+                        throw located(
+                            .depth, "maximum nesting depth \(maxDepth) exceeded", at: index,
+                            in: bytes)
+                    }
+                case UInt8(ascii: "]"), UInt8(ascii: "}"):
+                    depth -= 1  // may go negative on invalid input; jansson reports that
+                    sawValue = true
+                case UInt8(ascii: "\""):
+                    inString = true
+                    sawValue = true
+                case UInt8(ascii: " "), UInt8(ascii: "\t"), UInt8(ascii: "\n"), UInt8(ascii: "\r"):
+                    break
+                default:
+                    sawValue = true
+                }
+            }
+            index += 1
+        }
+        if !sawValue {
+            throw located(.empty, "no JSON value (empty input)", at: count - 1, in: bytes)
+        }
+    }
+
+    /// An error at byte `index` (or at the start when `index` < 0), located like jansson.
+    static func located(
+        _ kind: JSONParseError.Kind, _ message: String, at index: Int,
+        in bytes: UnsafeRawBufferPointer
+    ) -> JSONParseError {
+        var line = 1
+        var column = 0
+        var i = 0
+        while i <= index {
+            let byte = bytes[i]
+            if byte == UInt8(ascii: "\n") {
+                line += 1
+                column = 0
+            } else if byte & 0xC0 != 0x80 {  // not a UTF-8 continuation byte
+                column += 1
+            }
+            i += 1
+        }
+        return JSONParseError(
+            kind: kind, message: message, line: line, column: column, position: index + 1)
+    }
+
+    static func kind(of code: json_error_code) -> JSONParseError.Kind {
+        switch code {
+        case json_error_stack_overflow: return .depth
+        case json_error_invalid_utf8: return .invalidUTF8
+        case json_error_numeric_overflow, json_error_null_byte_in_key: return .unsupported
+        case json_error_out_of_memory: return .outOfMemory
+        default: return .syntax
+        }
+    }
+
+    /// jansson's message: a NUL-terminated string in a fixed array whose last byte holds
+    /// the error code.
+    static func text(of error: json_error_t) -> String {
+        withUnsafeBytes(of: error.text) { raw in
+            let usable = raw.prefix(Int(JSON_ERROR_TEXT_LENGTH) - 1)
+            let end = usable.firstIndex(of: 0) ?? usable.endIndex
+            return String(decoding: usable[..<end], as: UTF8.self)
+        }
+    }
+}

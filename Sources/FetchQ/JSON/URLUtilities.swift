@@ -1,0 +1,200 @@
+/// An endpoint template that cannot be expanded.
+public struct URLTemplateError: Error, Sendable, Equatable, CustomStringConvertible {
+    /// The template that was rejected.
+    public let template: String
+    /// Human-readable reason.
+    public let message: String
+
+    /// Creates an error.
+    public init(template: String, message: String) {
+        self.template = template
+        self.message = message
+    }
+
+    /// The message.
+    public var description: String { message }
+}
+
+/// Small URL text helpers for building search requests and classifying URLs. No parsing
+/// beyond what the engine needs; libcurl remains the authority on what it will fetch.
+public enum URLUtilities {
+    /// Percent-encodes `text` per RFC 3986: the unreserved characters (`A-Z a-z 0-9 - . _ ~`)
+    /// are kept, every other UTF-8 byte becomes `%XX` with uppercase hex digits, so a space
+    /// is `%20` (never `+`) and `é` is `%C3%A9`.
+    public static func percentEncode(_ text: String) -> String {
+        let hex: [UInt8] = Array("0123456789ABCDEF".utf8)
+        var out: [UInt8] = []
+        out.reserveCapacity(text.utf8.count)
+        for byte in text.utf8 {
+            if isUnreserved(byte) {
+                out.append(byte)
+            } else {
+                out.append(UInt8(ascii: "%"))
+                out.append(hex[Int(byte >> 4)])
+                out.append(hex[Int(byte & 0x0F)])
+            }
+        }
+        return String(decoding: out, as: UTF8.self)
+    }
+
+    /// Replaces every `{query}` in `template` with `percentEncode(query)`.
+    ///
+    /// The match is on exact bytes (no Unicode normalization); the rest of the template is
+    /// copied unchanged. Throws if the template contains no `{query}`: a search endpoint
+    /// that ignores the query is a configuration mistake.
+    public static func expandTemplate(_ template: String, query: String) throws(URLTemplateError)
+        -> String
+    {
+        let placeholder = Array("{query}".utf8)
+        let source = Array(template.utf8)
+        let encoded = Array(percentEncode(query).utf8)
+        var out: [UInt8] = []
+        out.reserveCapacity(source.count + encoded.count)
+        var found = false
+        var i = 0
+        while i < source.count {
+            if source[i] == placeholder[0], i + placeholder.count <= source.count,
+                source[i..<(i + placeholder.count)].elementsEqual(placeholder)
+            {
+                out.append(contentsOf: encoded)
+                i += placeholder.count
+                found = true
+            } else {
+                out.append(source[i])
+                i += 1
+            }
+        }
+        guard found else {
+            throw URLTemplateError(
+                template: template,
+                message: "endpoint template \(JSONPointer.quoted(template)) has no {query} "
+                    + "placeholder")
+        }
+        return String(decoding: out, as: UTF8.self)
+    }
+
+    /// `name=value` pairs, both percent-encoded, joined with `&`, in the given order
+    /// (e.g. `[("a", "1"), ("b", "x y")]` gives `a=1&b=x%20y`). Empty input gives `""`.
+    public static func encodeQueryItems(_ items: [(String, String)]) -> String {
+        var result = ""
+        for (index, (name, value)) in items.enumerated() {
+            if index > 0 { result += "&" }
+            result += percentEncode(name)
+            result += "="
+            result += percentEncode(value)
+        }
+        return result
+    }
+
+    /// The host and port of an `http` or `https` URL, normalized for use as a per-host key:
+    /// `host` or `host:port`, ASCII letters lowercased, IPv6 literals kept in brackets
+    /// (`[::1]:8080`).
+    ///
+    /// - The scheme is matched case-insensitively and must be followed by `//`.
+    /// - User information (`user:pw@`) is dropped. More than one `@` in the authority is
+    ///   rejected: RFC 3986 forbids it and parsers disagree on where the host starts.
+    /// - The port is written without leading zeros and dropped when it is the scheme's
+    ///   default (80 for http, 443 for https) or empty, so `http://A:80/` and `http://a/`
+    ///   share a key.
+    /// - Returns nil for any other scheme, a missing or empty host, a port that is not a
+    ///   number up to 65535, control characters, spaces or characters not allowed in an
+    ///   authority (such as `\`), and malformed IPv6 literals. Non-ASCII host names (IDN)
+    ///   are accepted as they are.
+    public static func hostOf(url: String) -> String? {
+        let bytes = Array(url.utf8)
+        // Scheme.
+        guard let colon = bytes.firstIndex(of: UInt8(ascii: ":")) else { return nil }
+        let scheme = String(decoding: bytes[..<colon].map(asciiLowercased), as: UTF8.self)
+        let defaultPort: Int
+        switch scheme {
+        case "http": defaultPort = 80
+        case "https": defaultPort = 443
+        default: return nil
+        }
+        let slash = UInt8(ascii: "/")
+        guard colon + 2 < bytes.count, bytes[colon + 1] == slash, bytes[colon + 2] == slash
+        else { return nil }
+        // Authority: up to the first "/", "?" or "#".
+        let start = colon + 3
+        var end = start
+        while end < bytes.count, bytes[end] != slash, bytes[end] != UInt8(ascii: "?"),
+            bytes[end] != UInt8(ascii: "#")
+        {
+            end += 1
+        }
+        var authority = bytes[start..<end]
+        if let at = authority.lastIndex(of: UInt8(ascii: "@")) {
+            let userinfo = authority[..<at]
+            guard userinfo.allSatisfy({ isUnreserved($0) || isSubDelim($0) || $0 == 0x3A || $0 == 0x25 })
+            else { return nil }
+            authority = authority[(at + 1)...]
+        }
+        // Host and port.
+        var host: [UInt8]
+        var portText: ArraySlice<UInt8>
+        if authority.first == UInt8(ascii: "[") {
+            guard let close = authority.firstIndex(of: UInt8(ascii: "]")) else { return nil }
+            let literal = authority[(authority.startIndex + 1)..<close]
+            guard literal.contains(UInt8(ascii: ":")),
+                literal.allSatisfy({ isHexDigit($0) || $0 == 0x3A || $0 == 0x2E })
+            else { return nil }
+            host = [UInt8(ascii: "[")] + literal.map(asciiLowercased) + [UInt8(ascii: "]")]
+            let rest = authority[(close + 1)...]
+            if rest.isEmpty {
+                portText = []
+            } else {
+                guard rest.first == 0x3A else { return nil }
+                portText = rest.dropFirst()
+            }
+        } else {
+            let colonInHost = authority.firstIndex(of: UInt8(ascii: ":"))
+            let name = authority[..<(colonInHost ?? authority.endIndex)]
+            guard !name.isEmpty,
+                name.allSatisfy({ isUnreserved($0) || isSubDelim($0) || $0 == 0x25 || $0 >= 0x80 })
+            else { return nil }
+            host = name.map(asciiLowercased)
+            portText = colonInHost.map { authority[($0 + 1)...] } ?? []
+        }
+        if portText.isEmpty {
+            return String(decoding: host, as: UTF8.self)
+        }
+        var port = 0
+        for digit in portText {
+            guard digit >= 0x30, digit <= 0x39 else { return nil }
+            port = port * 10 + Int(digit - 0x30)
+            guard port <= 65535 else { return nil }
+        }
+        if port != defaultPort {
+            host += Array(":\(port)".utf8)
+        }
+        return String(decoding: host, as: UTF8.self)
+    }
+
+    // MARK: - Character classes (RFC 3986 §2)
+
+    static func isUnreserved(_ byte: UInt8) -> Bool {
+        switch byte {
+        case 0x41...0x5A, 0x61...0x7A, 0x30...0x39: return true  // ALPHA DIGIT
+        case 0x2D, 0x2E, 0x5F, 0x7E: return true  // - . _ ~
+        default: return false
+        }
+    }
+
+    static func isSubDelim(_ byte: UInt8) -> Bool {
+        switch byte {
+        case 0x21, 0x24, 0x26, 0x27, 0x28, 0x29, 0x2A, 0x2B, 0x2C, 0x3B, 0x3D: return true
+        default: return false  // ! $ & ' ( ) * + , ; =
+        }
+    }
+
+    static func isHexDigit(_ byte: UInt8) -> Bool {
+        switch byte {
+        case 0x30...0x39, 0x41...0x46, 0x61...0x66: return true
+        default: return false
+        }
+    }
+
+    static func asciiLowercased(_ byte: UInt8) -> UInt8 {
+        (0x41...0x5A).contains(byte) ? byte + 0x20 : byte
+    }
+}

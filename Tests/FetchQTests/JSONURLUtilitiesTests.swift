@@ -1,0 +1,118 @@
+import Testing
+
+@testable import FetchQ
+
+@Suite struct JSONURLUtilitiesTests {
+    @Test func percentEncodeKeepsOnlyUnreserved() {
+        let unreserved = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~"
+        #expect(URLUtilities.percentEncode(unreserved) == unreserved)
+        #expect(URLUtilities.percentEncode("") == "")
+        #expect(URLUtilities.percentEncode("a b") == "a%20b")
+        #expect(URLUtilities.percentEncode("a+b") == "a%2Bb")
+        #expect(URLUtilities.percentEncode("100%") == "100%25")
+        #expect(
+            URLUtilities.percentEncode(":/?#[]@!$&'()*+,;=")
+                == "%3A%2F%3F%23%5B%5D%40%21%24%26%27%28%29%2A%2B%2C%3B%3D")
+        #expect(URLUtilities.percentEncode("\"<>\\^`{|}") == "%22%3C%3E%5C%5E%60%7B%7C%7D")
+        #expect(URLUtilities.percentEncode("\n\t\u{0}\u{7F}") == "%0A%09%00%7F")
+    }
+
+    @Test func percentEncodeUnicodeAsUTF8Bytes() {
+        #expect(URLUtilities.percentEncode("é") == "%C3%A9")
+        #expect(URLUtilities.percentEncode("e\u{301}") == "e%CC%81")  // not normalized
+        #expect(URLUtilities.percentEncode("日本") == "%E6%97%A5%E6%9C%AC")
+        #expect(URLUtilities.percentEncode("😀") == "%F0%9F%98%80")
+        #expect(URLUtilities.percentEncode("café au lait") == "caf%C3%A9%20au%20lait")
+    }
+
+    @Test func expandTemplateReplacesEveryPlaceholder() throws {
+        #expect(
+            try URLUtilities.expandTemplate("https://api.test/search?q={query}", query: "swift nio")
+                == "https://api.test/search?q=swift%20nio")
+        #expect(
+            try URLUtilities.expandTemplate("http://h/{query}/x?again={query}&z=1", query: "a/b&c")
+                == "http://h/a%2Fb%26c/x?again=a%2Fb%26c&z=1")
+        #expect(try URLUtilities.expandTemplate("{query}", query: "é") == "%C3%A9")
+        #expect(try URLUtilities.expandTemplate("x{query}", query: "") == "x")
+        // The query is inserted once per placeholder, never re-expanded.
+        #expect(try URLUtilities.expandTemplate("{query}", query: "{query}") == "%7Bquery%7D")
+        // Near misses stay as they are.
+        #expect(
+            try URLUtilities.expandTemplate("{{query}} {Query} {query", query: "q")
+                == "{q} {Query} {query")
+    }
+
+    @Test func expandTemplateWithoutPlaceholderIsAnError() {
+        let error = #expect(throws: URLTemplateError.self) {
+            try URLUtilities.expandTemplate("https://api.test/search?q={q}", query: "x")
+        }
+        #expect(error?.template == "https://api.test/search?q={q}")
+        #expect(error?.message == #"endpoint template "https://api.test/search?q={q}" has no {query} placeholder"#)
+    }
+
+    @Test func encodeQueryItems() {
+        #expect(URLUtilities.encodeQueryItems([("a", "1"), ("b", "x y")]) == "a=1&b=x%20y")
+        #expect(URLUtilities.encodeQueryItems([]) == "")
+        #expect(URLUtilities.encodeQueryItems([("k=v", "a&b"), ("", "")]) == "k%3Dv=a%26b&=")
+        #expect(URLUtilities.encodeQueryItems([("q", "日"), ("q", "+")]) == "q=%E6%97%A5&q=%2B")
+    }
+
+    @Test(arguments: [
+        ("http://example.com/path", "example.com"),
+        ("https://Example.COM", "example.com"),
+        ("HTTPS://example.com:8443/x", "example.com:8443"),
+        ("HtTp://example.com?q=1", "example.com"),
+        ("http://example.com#frag", "example.com"),
+        ("http://example.com:80/", "example.com"),
+        ("https://example.com:443/", "example.com"),
+        ("http://example.com:443/", "example.com:443"),
+        ("https://example.com:80/", "example.com:80"),
+        ("http://example.com:/", "example.com"),
+        ("http://example.com:0080/", "example.com"),
+        ("http://user:pw@Host.test:9000/a", "host.test:9000"),
+        ("http://user@host.test", "host.test"),
+        ("http://user:p%40ss@host.test/", "host.test"),
+        ("http://[::1]:8080/x", "[::1]:8080"),
+        ("http://[::1]/", "[::1]"),
+        ("https://[2001:DB8::A]:443/", "[2001:db8::a]"),
+        ("http://[::ffff:192.0.2.1]:81", "[::ffff:192.0.2.1]:81"),
+        ("http://127.0.0.1:3000", "127.0.0.1:3000"),
+        ("http://bücher.test/", "bücher.test"),
+        ("http://host.test/a@b", "host.test"),
+        ("http://host.test?x=@evil", "host.test"),
+    ])
+    func hostOfAcceptsHTTPURLs(url: String, expected: String) {
+        #expect(URLUtilities.hostOf(url: url) == expected)
+    }
+
+    @Test(arguments: [
+        "ftp://example.com/",
+        "file:///etc/passwd",
+        "mailto:a@b.test",
+        "javascript:alert(1)",
+        "example.com",
+        "//example.com/",
+        "http:example.com",
+        "http:/example.com",
+        "http://",
+        "http:///path",
+        "http://:80/",
+        "http://user@/",
+        "http://a@b@host.test/",
+        "http://example.com:65536/",
+        "http://example.com:8o/",
+        "http://example.com:-1/",
+        "http://exa mple.com/",
+        "http://example.com\\@evil.test/",
+        "http://[::1/",
+        "http://[::1]x/",
+        "http://[zz::1]/",
+        "http://[]/",
+        "http://[1.2.3.4]/",
+        " http://example.com/",
+        "",
+    ])
+    func hostOfRejectsEverythingElse(url: String) {
+        #expect(URLUtilities.hostOf(url: url) == nil)
+    }
+}
