@@ -1,0 +1,90 @@
+/* Typed front ends for libcurl's variadic functions; see fq_curl.h. */
+#define _GNU_SOURCE /* pthread_setname_np */
+#include "fq_curl.h"
+
+#include <pthread.h>
+#include <string.h>
+
+CURLcode fqc_easy_setopt_long(CURL *easy, CURLoption option, long value) {
+    return curl_easy_setopt(easy, option, value);
+}
+
+CURLcode fqc_easy_setopt_off(CURL *easy, CURLoption option, curl_off_t value) {
+    return curl_easy_setopt(easy, option, value);
+}
+
+CURLcode fqc_easy_setopt_string(CURL *easy, CURLoption option, const char *value) {
+    return curl_easy_setopt(easy, option, value);
+}
+
+CURLcode fqc_easy_setopt_pointer(CURL *easy, CURLoption option, void *value) {
+    return curl_easy_setopt(easy, option, value);
+}
+
+CURLcode fqc_easy_setopt_write_callback(CURL *easy, CURLoption option,
+                                        curl_write_callback callback) {
+    return curl_easy_setopt(easy, option, callback);
+}
+
+CURLcode fqc_easy_setopt_xferinfo_callback(CURL *easy, CURLoption option,
+                                           curl_xferinfo_callback callback) {
+    return curl_easy_setopt(easy, option, callback);
+}
+
+CURLcode fqc_easy_getinfo_long(CURL *easy, CURLINFO info, long *out) {
+    return curl_easy_getinfo(easy, info, out);
+}
+
+CURLcode fqc_easy_getinfo_off(CURL *easy, CURLINFO info, curl_off_t *out) {
+    return curl_easy_getinfo(easy, info, out);
+}
+
+CURLcode fqc_easy_getinfo_double(CURL *easy, CURLINFO info, double *out) {
+    return curl_easy_getinfo(easy, info, out);
+}
+
+CURLcode fqc_easy_getinfo_string(CURL *easy, CURLINFO info, const char **out) {
+    /* curl's prototype for string infos is `char **`. */
+    char *value = NULL;
+    CURLcode rc = curl_easy_getinfo(easy, info, &value);
+    if (rc == CURLE_OK)
+        *out = value;
+    return rc;
+}
+
+CURLcode fqc_easy_getinfo_pointer(CURL *easy, CURLINFO info, void **out) {
+    /* CURLINFO_PRIVATE is documented as `char **`. */
+    char *value = NULL;
+    CURLcode rc = curl_easy_getinfo(easy, info, &value);
+    if (rc == CURLE_OK)
+        *out = value;
+    return rc;
+}
+
+CURLMcode fqc_multi_setopt_long(CURLM *multi, CURLMoption option, long value) {
+    return curl_multi_setopt(multi, option, value);
+}
+
+CURLMcode fqc_multi_setopt_pointer(CURLM *multi, CURLMoption option, void *value) {
+    return curl_multi_setopt(multi, option, value);
+}
+
+int fqc_multi_next_done(CURLM *multi, CURL **easy, CURLcode *result) {
+    int queued = 0;
+    CURLMsg *msg;
+    while ((msg = curl_multi_info_read(multi, &queued)) != NULL) {
+        if (msg->msg == CURLMSG_DONE) {
+            *easy = msg->easy_handle;
+            *result = msg->data.result;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+void fqc_name_current_thread(const char *name) {
+    char short_name[16];
+    strncpy(short_name, name, sizeof short_name - 1);
+    short_name[sizeof short_name - 1] = '\0';
+    (void)pthread_setname_np(pthread_self(), short_name);
+}

@@ -1,0 +1,402 @@
+import CCurl
+import CFetchQSupport
+import Glibc
+
+/// One transfer: the request, the callbacks, and the response under construction.
+///
+/// @unchecked Sendable: created on the caller's thread and handed to the loop
+/// thread through the inbox (under its lock); from then on it is touched only on
+/// the loop thread — by the loop itself and by the curl callbacks that
+/// curl_multi_perform runs there. No field is ever accessed from two threads.
+final class CurlTransfer: @unchecked Sendable {
+    typealias Progress = @Sendable (_ received: UInt64, _ expected: UInt64) -> Void
+    typealias Completion = @Sendable (Result<HTTPResponse, TransportError>) -> Void
+
+    let id: TransferID
+    let request: HTTPRequest
+    let progress: Progress?
+    let completion: Completion
+    /// Set when `start` refused the request; delivered from the loop thread.
+    let rejection: TransportError?
+
+    /// The easy handle while the transfer owns one.
+    var easy: UnsafeMutableRawPointer?
+    var completed = false
+
+    // Memory curl points into while the handle is configured for this transfer.
+    private var headerList: UnsafeMutablePointer<curl_slist>?
+    private var postData: UnsafeMutableRawPointer?
+    private let errorBuffer: UnsafeMutablePointer<CChar>
+
+    // The response under construction.
+    private var headers: [(name: String, value: String)] = []
+    private var body: [UInt8] = []
+    private var reserved = false
+    private var capExceeded = false
+    private var lastProgressNs: UInt64 = 0
+    private var lastProgressReceived: UInt64?
+
+    init(
+        id: TransferID, request: HTTPRequest, progress: Progress?, completion: @escaping Completion,
+        rejection: TransportError?
+    ) {
+        self.id = id
+        self.request = request
+        self.progress = progress
+        self.completion = completion
+        self.rejection = rejection
+        errorBuffer = .allocate(capacity: Int(CURL_ERROR_SIZE))
+        errorBuffer.initialize(repeating: 0, count: Int(CURL_ERROR_SIZE))
+    }
+
+    deinit {
+        releaseCurlMemory()
+        errorBuffer.deallocate()
+    }
+
+    /// Frees what curl pointed into. Only after the handle left the multi handle
+    /// (or was never added) and before or after curl_easy_reset.
+    func releaseCurlMemory() {
+        if let list = headerList { curl_slist_free_all(list) }
+        headerList = nil
+        postData?.deallocate()
+        postData = nil
+    }
+
+    // MARK: - Validation (any thread, pure)
+
+    /// Why curl must not see this request, or nil. Checks what curl would send
+    /// verbatim (method, header lines) so nothing can inject extra lines.
+    static func validate(_ request: HTTPRequest) -> String? {
+        if request.method.isEmpty || !request.method.utf8.allSatisfy(isTokenByte) {
+            return "method '\(request.method)' is not an HTTP token"
+        }
+        if !hasScheme(request.url, "http://") && !hasScheme(request.url, "https://") {
+            return "URL must start with http:// or https://"
+        }
+        if request.url.utf8.contains(where: { $0 <= 0x20 || $0 == 0x7F }) {
+            return "URL contains spaces or control characters"
+        }
+        for (name, value) in request.headers {
+            if name.isEmpty || !name.utf8.allSatisfy(isTokenByte) {
+                return "header name '\(name)' is not an HTTP token"
+            }
+            if value.utf8.contains(where: { $0 == 0x0D || $0 == 0x0A || $0 == 0 }) {
+                return "header '\(name)' has CR, LF or NUL in its value"
+            }
+        }
+        if request.method == "HEAD" && request.body != nil { return "HEAD request with a body" }
+        if request.connectTimeoutMs < 0 || request.timeoutMs < 0 { return "negative timeout" }
+        if request.maxRedirects < 0 { return "negative maxRedirects" }
+        if request.maxResponseBytes < 0 { return "negative maxResponseBytes" }
+        if request.progressIntervalMs < 0 { return "negative progressIntervalMs" }
+        if request.caFile?.utf8.contains(0) == true || request.userAgent.utf8.contains(0) {
+            return "NUL in caFile or userAgent"
+        }
+        return nil
+    }
+
+    /// Case-insensitive prefix test for an ASCII scheme ("https://").
+    static func hasScheme(_ url: String, _ scheme: String) -> Bool {
+        url.utf8.count >= scheme.utf8.count
+            && TransportText.equalsIgnoringASCIICase(String(url.prefix(scheme.count)), scheme)
+    }
+
+    /// RFC 9110 tchar.
+    private static func isTokenByte(_ b: UInt8) -> Bool {
+        switch b {
+        case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"),
+            UInt8(ascii: "0")...UInt8(ascii: "9"):
+            return true
+        default:
+            return "!#$%&'*+-.^_`|~".utf8.contains(b)
+        }
+    }
+
+    // MARK: - Configuration (loop thread)
+
+    /// Sets every option for this transfer on a fresh (or reset) easy handle.
+    /// Returns an error message when curl refuses an option.
+    func configure(_ easy: UnsafeMutableRawPointer) -> String? {
+        var failure: String?
+        func check(_ rc: CURLcode, _ what: String) {
+            if rc != CURLE_OK && failure == nil {
+                failure = "\(what): \(TransportError.curlText(rc))"
+            }
+        }
+        func long(_ option: CURLoption, _ value: Int, _ what: String) {
+            check(fqc_easy_setopt_long(easy, option, value), what)
+        }
+        func string(_ option: CURLoption, _ value: String, _ what: String) {
+            check(value.withCString { fqc_easy_setopt_string(easy, option, $0) }, what)
+        }
+        let r = request
+        let me = Unmanaged.passUnretained(self).toOpaque()
+
+        // Plumbing.
+        long(CURLOPT_NOSIGNAL, 1, "NOSIGNAL")
+        check(fqc_easy_setopt_pointer(easy, CURLOPT_PRIVATE, me), "PRIVATE")
+        errorBuffer[0] = 0
+        check(fqc_easy_setopt_pointer(easy, CURLOPT_ERRORBUFFER, errorBuffer), "ERRORBUFFER")
+        check(fqc_easy_setopt_write_callback(easy, CURLOPT_WRITEFUNCTION, curlWriteBody), "WRITEFUNCTION")
+        check(fqc_easy_setopt_pointer(easy, CURLOPT_WRITEDATA, me), "WRITEDATA")
+        check(fqc_easy_setopt_write_callback(easy, CURLOPT_HEADERFUNCTION, curlWriteHeader), "HEADERFUNCTION")
+        check(fqc_easy_setopt_pointer(easy, CURLOPT_HEADERDATA, me), "HEADERDATA")
+        if progress != nil {
+            long(CURLOPT_NOPROGRESS, 0, "NOPROGRESS")
+            check(fqc_easy_setopt_xferinfo_callback(easy, CURLOPT_XFERINFOFUNCTION, curlProgress), "XFERINFOFUNCTION")
+            check(fqc_easy_setopt_pointer(easy, CURLOPT_XFERINFODATA, me), "XFERINFODATA")
+        }
+
+        // Where and how.
+        string(CURLOPT_URL, r.url, "URL")
+        string(CURLOPT_PROTOCOLS_STR, "http,https", "PROTOCOLS_STR")
+        string(CURLOPT_REDIR_PROTOCOLS_STR, "http,https", "REDIR_PROTOCOLS_STR")
+        long(CURLOPT_HTTP_VERSION, CURL_HTTP_VERSION_2TLS, "HTTP_VERSION")
+        // Over TLS, wait for a connection being set up to the same host (ALPN tells
+        // within the handshake whether it multiplexes) rather than opening another.
+        // Not for cleartext: HTTP/1.1 is only known once a response arrives, so a
+        // stalled first request would hold back every other one to that host.
+        if Self.hasScheme(r.url, "https://") { long(CURLOPT_PIPEWAIT, 1, "PIPEWAIT") }
+        long(CURLOPT_TCP_KEEPALIVE, 1, "TCP_KEEPALIVE")
+        if r.connectTimeoutMs > 0 { long(CURLOPT_CONNECTTIMEOUT_MS, r.connectTimeoutMs, "CONNECTTIMEOUT_MS") }
+        if r.timeoutMs > 0 { long(CURLOPT_TIMEOUT_MS, r.timeoutMs, "TIMEOUT_MS") }
+        // Redirects. CURLOPT_UNRESTRICTED_AUTH stays 0 (curl's default): curl then
+        // drops custom Authorization and Cookie headers when a redirect changes
+        // host, port or scheme.
+        long(CURLOPT_FOLLOWLOCATION, r.followRedirects ? 1 : 0, "FOLLOWLOCATION")
+        long(CURLOPT_MAXREDIRS, r.maxRedirects, "MAXREDIRS")
+        // Size cap: refused up front when Content-Length says so; otherwise the
+        // write callback stops at the cap.
+        if r.maxResponseBytes > 0 {
+            check(fqc_easy_setopt_off(easy, CURLOPT_MAXFILESIZE_LARGE, curl_off_t(r.maxResponseBytes)), "MAXFILESIZE_LARGE")
+        }
+        // TLS.
+        long(CURLOPT_SSL_VERIFYPEER, r.verifyTLS ? 1 : 0, "SSL_VERIFYPEER")
+        long(CURLOPT_SSL_VERIFYHOST, r.verifyTLS ? 2 : 0, "SSL_VERIFYHOST")
+        if let ca = r.caFile { string(CURLOPT_CAINFO, ca, "CAINFO") }
+        string(CURLOPT_USERAGENT, r.userAgent, "USERAGENT")
+        if r.acceptEncoding { string(CURLOPT_ACCEPT_ENCODING, "", "ACCEPT_ENCODING") }
+
+        // Method and body.
+        var sendsBody = false
+        switch r.method {
+        case "HEAD":
+            long(CURLOPT_NOBODY, 1, "NOBODY")
+        case "GET" where r.body == nil:
+            long(CURLOPT_HTTPGET, 1, "HTTPGET")
+        case "POST":
+            sendsBody = true
+        default:
+            string(CURLOPT_CUSTOMREQUEST, r.method, "CUSTOMREQUEST")
+            sendsBody = r.body != nil
+        }
+        if sendsBody {
+            let bytes = r.body ?? []
+            // POSTFIELDS is not copied: the buffer lives until releaseCurlMemory().
+            // At least one byte so the pointer is never NULL (NULL means "use the
+            // read callback").
+            let buffer = UnsafeMutableRawPointer.allocate(byteCount: max(bytes.count, 1), alignment: 1)
+            bytes.withUnsafeBytes { src in
+                if let base = src.baseAddress { buffer.copyMemory(from: base, byteCount: src.count) }
+            }
+            postData = buffer
+            check(fqc_easy_setopt_off(easy, CURLOPT_POSTFIELDSIZE_LARGE, curl_off_t(bytes.count)), "POSTFIELDSIZE_LARGE")
+            check(fqc_easy_setopt_pointer(easy, CURLOPT_POSTFIELDS, buffer), "POSTFIELDS")
+        }
+
+        // Headers. "Name:" would make curl remove the header, so an empty value
+        // uses curl's "Name;" form.
+        var list: UnsafeMutablePointer<curl_slist>?
+        func add(_ line: String) {
+            if let grown = curl_slist_append(list, line) { list = grown } else { failure = failure ?? "out of memory" }
+        }
+        var hasContentType = false
+        var hasExpect = false
+        for (name, value) in r.headers {
+            if TransportText.equalsIgnoringASCIICase(name, "Content-Type") { hasContentType = true }
+            if TransportText.equalsIgnoringASCIICase(name, "Expect") { hasExpect = true }
+            add(value.isEmpty ? "\(name);" : "\(name): \(value)")
+        }
+        if sendsBody && !hasContentType { add("Content-Type:") }  // drop curl's form-urlencoded default
+        if sendsBody && !hasExpect { add("Expect:") }  // no 100-continue round trip unless asked
+        headerList = list
+        if let list { check(fqc_easy_setopt_pointer(easy, CURLOPT_HTTPHEADER, list), "HTTPHEADER") }
+        return failure
+    }
+
+    // MARK: - Callbacks (loop thread, inside curl_multi_perform)
+
+    /// Body bytes (already content-decoded). Returning less than `count` makes
+    /// curl stop with CURLE_WRITE_ERROR.
+    fileprivate func receiveBody(_ data: UnsafeRawPointer, _ count: Int) -> Int {
+        let cap = request.maxResponseBytes
+        if cap > 0 && body.count + count > cap {
+            capExceeded = true
+            return 0
+        }
+        if !reserved {
+            reserved = true
+            var length: curl_off_t = -1
+            if let easy, fqc_easy_getinfo_off(easy, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &length) == CURLE_OK,
+                length > 0
+            {
+                // A hint only (encoded size); bounded by the cap, or by 16 MiB with no cap,
+                // so a lying Content-Length cannot make us allocate.
+                body.reserveCapacity(min(Int(length), cap > 0 ? cap : 16 << 20))
+            }
+        }
+        body.append(contentsOf: UnsafeRawBufferPointer(start: data, count: count))
+        return count
+    }
+
+    /// One header line, CRLF included: a status line, a field, or the blank line.
+    fileprivate func receiveHeader(_ data: UnsafeRawPointer, _ count: Int) -> Int {
+        var line = UnsafeRawBufferPointer(start: data, count: count)[...]
+        while let last = line.last, last == 0x0A || last == 0x0D { line = line.dropLast() }
+        if line.isEmpty { return count }
+        if line.starts(with: "HTTP/".utf8) {
+            // A new response (after a redirect, a 1xx, a proxy CONNECT): only the
+            // final one's headers and body count.
+            headers.removeAll(keepingCapacity: true)
+            body.removeAll(keepingCapacity: true)
+            reserved = false
+            return count
+        }
+        if line.first == 0x20 || line.first == 0x09 {
+            // obs-fold continuation of the previous field.
+            if !headers.isEmpty {
+                headers[headers.count - 1].value += " " + Self.trimmed(line)
+            }
+            return count
+        }
+        guard let colon = line.firstIndex(of: UInt8(ascii: ":")) else { return count }
+        let name = String(decoding: line[..<colon], as: UTF8.self)
+        headers.append((name: name, value: Self.trimmed(line[(colon + 1)...])))
+        return count
+    }
+
+    private static func trimmed(_ bytes: Slice<UnsafeRawBufferPointer>) -> String {
+        var s = bytes
+        while let f = s.first, f == 0x20 || f == 0x09 { s = s.dropFirst() }
+        while let l = s.last, l == 0x20 || l == 0x09 { s = s.dropLast() }
+        return String(decoding: s, as: UTF8.self)
+    }
+
+    fileprivate func reportProgress(total: curl_off_t, now: curl_off_t) {
+        guard let progress, now > 0 else { return }
+        let received = UInt64(now)
+        if let last = lastProgressReceived, received <= last { return }
+        let clock = Self.monotonicNs()
+        let done = total > 0 && now >= total
+        let interval = UInt64(request.progressIntervalMs) * 1_000_000
+        if !done, lastProgressReceived != nil, clock &- lastProgressNs < interval { return }
+        lastProgressNs = clock
+        lastProgressReceived = received
+        progress(received, total > 0 ? UInt64(total) : 0)
+    }
+
+    private static func monotonicNs() -> UInt64 {
+        var ts = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &ts)
+        return UInt64(ts.tv_sec) * 1_000_000_000 + UInt64(ts.tv_nsec)
+    }
+
+    // MARK: - Result (loop thread, before the handle is reset)
+
+    func result(for code: CURLcode) -> Result<HTTPResponse, TransportError> {
+        guard let easy else {
+            return .failure(TransportError(kind: .network, message: "no easy handle"))
+        }
+        var redirects = 0
+        getLong(easy, CURLINFO_REDIRECT_COUNT) { redirects = $0 }
+        guard code == CURLE_OK else {
+            let kind = TransportError.kind(for: code, capExceeded: capExceeded, redirected: redirects > 0)
+            var text: String
+            if kind == .tooLarge {
+                text = "response body exceeds maxResponseBytes (\(request.maxResponseBytes) bytes)"
+            } else {
+                text = String(cString: errorBuffer)
+                if text.isEmpty { text = TransportError.curlText(code) }
+            }
+            var message = "\(text) (curl error \(code.rawValue))"
+            if redirects > 0 {
+                var at: UnsafePointer<CChar>?
+                let place = fqc_easy_getinfo_string(easy, CURLINFO_EFFECTIVE_URL, &at) == CURLE_OK && at != nil
+                    ? ", at \(Self.redacted(String(cString: at!)))" : ""
+                message += " after \(redirects) redirect\(redirects == 1 ? "" : "s")\(place)"
+            }
+            return .failure(TransportError(kind: kind, message: message, curlCode: Int(code.rawValue)))
+        }
+        var status = 0
+        getLong(easy, CURLINFO_RESPONSE_CODE) { status = $0 }
+        var effectiveURL = request.url
+        var cString: UnsafePointer<CChar>?
+        if fqc_easy_getinfo_string(easy, CURLINFO_EFFECTIVE_URL, &cString) == CURLE_OK, let cString {
+            effectiveURL = String(cString: cString)
+        }
+        var metrics = TransferMetrics()
+        metrics.connectMs = microseconds(easy, CURLINFO_CONNECT_TIME_T) / 1000
+        metrics.firstByteMs = microseconds(easy, CURLINFO_STARTTRANSFER_TIME_T) / 1000
+        metrics.totalMs = microseconds(easy, CURLINFO_TOTAL_TIME_T) / 1000
+        metrics.bytesReceived = body.count
+        metrics.redirects = redirects
+        getLong(easy, CURLINFO_HTTP_VERSION) { v in
+            switch v {
+            case CURL_HTTP_VERSION_1_0: metrics.httpVersion = "1.0"
+            case CURL_HTTP_VERSION_1_1: metrics.httpVersion = "1.1"
+            case CURL_HTTP_VERSION_2_0: metrics.httpVersion = "2"
+            case CURL_HTTP_VERSION_3: metrics.httpVersion = "3"
+            default: metrics.httpVersion = ""
+            }
+        }
+        // NUM_CONNECTS counts the new connections this transfer made (0 = reused).
+        getLong(easy, CURLINFO_NUM_CONNECTS) { metrics.reusedConnection = $0 == 0 }
+        let response = HTTPResponse(
+            status: status, headers: headers, body: body, effectiveURL: effectiveURL, metrics: metrics)
+        headers = []
+        body = []
+        return .success(response)
+    }
+
+    private func getLong(_ easy: UnsafeMutableRawPointer, _ info: CURLINFO, _ use: (Int) -> Void) {
+        var value = 0
+        if fqc_easy_getinfo_long(easy, info, &value) == CURLE_OK { use(value) }
+    }
+
+    private func microseconds(_ easy: UnsafeMutableRawPointer, _ info: CURLINFO) -> Double {
+        var value: curl_off_t = 0
+        return fqc_easy_getinfo_off(easy, info, &value) == CURLE_OK ? Double(value) : 0
+    }
+
+    /// The URL with any user:password hidden, for messages.
+    static func redacted(_ url: String) -> String {
+        guard let scheme = url.firstRange(of: "://") else { return url }
+        let authorityEnd = url[scheme.upperBound...].firstIndex { $0 == "/" || $0 == "?" || $0 == "#" } ?? url.endIndex
+        guard let at = url[scheme.upperBound..<authorityEnd].lastIndex(of: "@") else { return url }
+        return String(url[..<scheme.upperBound]) + "***" + String(url[at...])
+    }
+}
+
+// MARK: - C entry points (no captures, so they convert to C function pointers)
+
+private func transfer(_ userdata: UnsafeMutableRawPointer?) -> CurlTransfer {
+    Unmanaged<CurlTransfer>.fromOpaque(userdata!).takeUnretainedValue()
+}
+
+private let curlWriteBody: curl_write_callback = { data, size, count, userdata in
+    let n = size * count
+    guard n > 0, let data else { return 0 }
+    return transfer(userdata).receiveBody(data, n)
+}
+
+private let curlWriteHeader: curl_write_callback = { data, size, count, userdata in
+    let n = size * count
+    guard n > 0, let data else { return 0 }
+    return transfer(userdata).receiveHeader(data, n)
+}
+
+private let curlProgress: curl_xferinfo_callback = { userdata, dltotal, dlnow, _, _ in
+    transfer(userdata).reportProgress(total: dltotal, now: dlnow)
+    return 0
+}

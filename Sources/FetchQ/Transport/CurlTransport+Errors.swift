@@ -1,0 +1,50 @@
+import CCurl
+
+extension TransportError {
+    /// The error kind for a curl result. `capExceeded` says our write callback
+    /// refused data because of `maxResponseBytes` (curl then reports WRITE_ERROR);
+    /// `redirected` says at least one redirect was followed.
+    static func kind(for code: CURLcode, capExceeded: Bool, redirected: Bool) -> Kind {
+        switch code {
+        case CURLE_OPERATION_TIMEDOUT:
+            return .timeout
+        case CURLE_COULDNT_CONNECT:
+            return .connect
+        case CURLE_COULDNT_RESOLVE_HOST, CURLE_COULDNT_RESOLVE_PROXY:
+            return .resolve
+        case CURLE_TOO_MANY_REDIRECTS:
+            return .tooManyRedirects
+        case CURLE_FILESIZE_EXCEEDED:
+            return .tooLarge
+        case CURLE_WRITE_ERROR:
+            return capExceeded ? .tooLarge : .network
+        case CURLE_BAD_CONTENT_ENCODING:
+            return .badContentEncoding
+        case CURLE_SSL_CONNECT_ERROR, CURLE_PEER_FAILED_VERIFICATION, CURLE_SSL_CERTPROBLEM,
+            CURLE_SSL_CIPHER, CURLE_SSL_CACERT_BADFILE, CURLE_SSL_ENGINE_NOTFOUND,
+            CURLE_SSL_ENGINE_SETFAILED, CURLE_SSL_ENGINE_INITFAILED, CURLE_SSL_SHUTDOWN_FAILED,
+            CURLE_SSL_CRL_BADFILE, CURLE_SSL_ISSUER_ERROR, CURLE_SSL_PINNEDPUBKEYNOTMATCH,
+            CURLE_SSL_INVALIDCERTSTATUS, CURLE_SSL_CLIENTCERT, CURLE_USE_SSL_FAILED:
+            return .tls
+        case CURLE_UNSUPPORTED_PROTOCOL:
+            // The caller's URL had a scheme other than http/https -> their mistake;
+            // a server redirecting there is the server's doing.
+            return redirected ? .network : .invalidRequest
+        case CURLE_URL_MALFORMAT, CURLE_BAD_FUNCTION_ARGUMENT, CURLE_UNKNOWN_OPTION,
+            CURLE_NOT_BUILT_IN:
+            return .invalidRequest
+        case CURLE_ABORTED_BY_CALLBACK:
+            return .cancelled
+        default:
+            // RECV_ERROR, SEND_ERROR, PARTIAL_FILE, GOT_NOTHING, WEIRD_SERVER_REPLY,
+            // HTTP2, HTTP2_STREAM, HTTP3, PROXY, OUT_OF_MEMORY, ...
+            return .network
+        }
+    }
+
+    /// curl's generic text for a code.
+    static func curlText(_ code: CURLcode) -> String {
+        guard let text = curl_easy_strerror(code) else { return "curl error \(code.rawValue)" }
+        return String(cString: text)
+    }
+}

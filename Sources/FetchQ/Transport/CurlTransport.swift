@@ -1,0 +1,330 @@
+import CCurl
+import CFetchQSupport
+import Glibc
+import Synchronization
+
+/// HTTP over one libcurl multi handle driven by one thread.
+///
+/// Threading:
+/// - `start`, `cancel`, `shutdown` and `activeTransfers` are safe from any thread,
+///   including from inside a completion or progress callback.
+/// - Completions and progress callbacks run on the loop thread; keep them cheap
+///   (no JSON parsing, no blocking). A completion runs exactly once per `start`,
+///   always on the loop thread — except for a `start` made after `shutdown`, whose
+///   `.cancelled` completion runs on the caller's thread before `start` returns.
+/// - Requests that fail validation (bad method or header syntax, HEAD with a body,
+///   negative limits) still complete from the loop thread, with `.invalidRequest`.
+///
+/// Connections are pooled by the multi handle and reused across transfers; easy
+/// handles are recycled with curl_easy_reset. HTTP/2 is negotiated over TLS and
+/// multiplexed; cleartext uses HTTP/1.1.
+///
+/// @unchecked Sendable: every stored property is either immutable (`core`,
+/// `loopThread`) or protected by `joinState` (whether the loop thread was joined).
+package final class CurlTransport: HTTPTransport, @unchecked Sendable {
+    private let core: CurlLoop
+    private let loopThread: pthread_t
+    /// true once the loop thread was joined; held while joining so a second
+    /// `shutdown` waits for the first.
+    private let joinState = Mutex(false)
+
+    /// - Parameter maxTotalConnections: CURLMOPT_MAX_TOTAL_CONNECTIONS (0 = no limit);
+    ///   transfers beyond it wait inside curl for a free connection.
+    package init(maxTotalConnections: Int = 0) throws(TransportError) {
+        let initCode = CurlGlobal.initResult
+        guard initCode == CURLE_OK else {
+            throw TransportError(
+                kind: .network, message: "curl_global_init failed: \(TransportError.curlText(initCode))",
+                curlCode: Int(initCode.rawValue))
+        }
+        let core = try CurlLoop(maxTotalConnections: maxTotalConnections)
+        self.core = core
+
+        // The loop thread starts with every signal blocked, so process signals go
+        // to the application's threads and a SIGPIPE from a dead socket becomes EPIPE.
+        var all = sigset_t()
+        var previous = sigset_t()
+        sigfillset(&all)
+        pthread_sigmask(SIG_SETMASK, &all, &previous)
+        var thread = pthread_t()
+        let context = Unmanaged.passRetained(core).toOpaque()
+        let rc = pthread_create(&thread, nil, { context in
+            let core = Unmanaged<CurlLoop>.fromOpaque(context!).takeRetainedValue()
+            core.run()
+            return nil
+        }, context)
+        pthread_sigmask(SIG_SETMASK, &previous, nil)
+        guard rc == 0 else {
+            Unmanaged<CurlLoop>.fromOpaque(context).release()
+            throw TransportError(kind: .network, message: "pthread_create failed: errno \(rc)")
+        }
+        loopThread = thread
+    }
+
+    deinit {
+        core.close()
+        let onLoopThread = pthread_equal(pthread_self(), loopThread) != 0
+        joinState.withLock { joined in
+            guard !joined else { return }
+            // The last reference went away inside a callback on the loop thread:
+            // it cannot join itself; it finishes on its own.
+            if onLoopThread { pthread_detach(loopThread) } else { pthread_join(loopThread, nil) }
+            joined = true
+        }
+    }
+
+    /// Hands the transfer to the loop thread and wakes it. See the type's comment
+    /// for where and when `completion` runs.
+    package func start(
+        _ request: HTTPRequest,
+        progress: (@Sendable (_ received: UInt64, _ expected: UInt64) -> Void)?,
+        completion: @escaping @Sendable (Result<HTTPResponse, TransportError>) -> Void
+    ) -> TransferID {
+        core.start(request, progress: progress, completion: completion)
+    }
+
+    /// Takes the transfer out of curl (closing its connection if it was mid-response)
+    /// on the loop thread's next turn; its completion runs with `.cancelled` unless
+    /// it already completed. Unknown or finished ids are ignored.
+    package func cancel(_ id: TransferID) {
+        core.cancel(id)
+    }
+
+    /// Cancels every transfer (completions run with `.cancelled`), stops the loop
+    /// thread and waits for it. Idempotent. Called from a callback on the loop
+    /// thread it cannot wait: the loop then stops after that callback returns.
+    package func shutdown() {
+        core.close()
+        if pthread_equal(pthread_self(), loopThread) != 0 { return }
+        joinState.withLock { joined in
+            guard !joined else { return }
+            pthread_join(loopThread, nil)
+            joined = true
+        }
+    }
+
+    /// Started transfers whose completion has not begun yet.
+    package var activeTransfers: Int { core.activeCount.load(ordering: .acquiring) }
+}
+
+/// curl_global_init, once per process (a lazily initialized static is thread-safe).
+/// Never cleaned up: other libraries in the process may use curl too.
+enum CurlGlobal {
+    static let initResult: CURLcode = curl_global_init(Int(CURL_GLOBAL_ALL))
+}
+
+/// What callers hand to the loop thread.
+struct CurlInbox {
+    var starts: [CurlTransfer] = []
+    var cancels: [TransferID] = []
+    var closing = false
+    /// A wakeup was sent since the loop last drained the inbox.
+    var wakeupSent = false
+}
+
+/// The loop thread's world. The thread holds a strong reference until it exits.
+///
+/// @unchecked Sendable:
+/// - `inbox` (a Mutex) protects everything other threads hand over.
+/// - `multi` never changes; other threads only call curl_multi_wakeup on it,
+///   which curl documents as callable from any thread. It is cleaned up in deinit,
+///   after the loop thread has let go.
+/// - `activeCount` and `nextID` are atomics.
+/// - `active` and `idleHandles` are touched only on the loop thread.
+final class CurlLoop: @unchecked Sendable {
+    let multi: UnsafeMutableRawPointer
+    let inbox = Mutex(CurlInbox())
+    let activeCount = Atomic<Int>(0)
+    private let nextID = Atomic<UInt64>(1)
+
+    private var active: [TransferID: CurlTransfer] = [:]
+    private var idleHandles: [UnsafeMutableRawPointer] = []
+    private static let maxIdleHandles = 32
+
+    init(maxTotalConnections: Int) throws(TransportError) {
+        guard let multi = curl_multi_init() else {
+            throw TransportError(kind: .network, message: "curl_multi_init failed")
+        }
+        self.multi = multi
+        _ = fqc_multi_setopt_long(multi, CURLMOPT_PIPELINING, CURLPIPE_MULTIPLEX)
+        if maxTotalConnections > 0 {
+            _ = fqc_multi_setopt_long(multi, CURLMOPT_MAX_TOTAL_CONNECTIONS, maxTotalConnections)
+        }
+    }
+
+    deinit {
+        curl_multi_cleanup(multi)
+    }
+
+    // MARK: Any thread
+
+    func start(
+        _ request: HTTPRequest,
+        progress: CurlTransfer.Progress?,
+        completion: @escaping CurlTransfer.Completion
+    ) -> TransferID {
+        let id = TransferID(rawValue: nextID.wrappingAdd(1, ordering: .relaxed).oldValue)
+        let rejection = CurlTransfer.validate(request).map {
+            TransportError(kind: .invalidRequest, message: $0)
+        }
+        let transfer = CurlTransfer(
+            id: id, request: request, progress: progress, completion: completion, rejection: rejection)
+        activeCount.wrappingAdd(1, ordering: .relaxed)
+        let (accepted, wake) = inbox.withLock { box -> (Bool, Bool) in
+            if box.closing { return (false, false) }
+            box.starts.append(transfer)
+            defer { box.wakeupSent = true }
+            return (true, !box.wakeupSent)
+        }
+        if !accepted {
+            activeCount.wrappingSubtract(1, ordering: .relaxed)
+            transfer.completed = true
+            completion(.failure(TransportError(
+                kind: .cancelled, message: "the transport is shut down")))
+        } else if wake {
+            curl_multi_wakeup(multi)
+        }
+        return id
+    }
+
+    func cancel(_ id: TransferID) {
+        let wake = inbox.withLock { box -> Bool in
+            if box.closing { return false }
+            box.cancels.append(id)
+            defer { box.wakeupSent = true }
+            return !box.wakeupSent
+        }
+        if wake { curl_multi_wakeup(multi) }
+    }
+
+    func close() {
+        let wake = inbox.withLock { box -> Bool in
+            defer { box.closing = true }
+            return !box.closing
+        }
+        if wake { curl_multi_wakeup(multi) }
+    }
+
+    // MARK: Loop thread
+
+    func run() {
+        fqc_name_current_thread("fetchq-curl")
+        var running: Int32 = 0
+        while true {
+            let (starts, cancels, closing) = inbox.withLock { box in
+                defer {
+                    box.starts = []
+                    box.cancels = []
+                    box.wakeupSent = false
+                }
+                return (box.starts, box.cancels, box.closing)
+            }
+            var cancelled = Set(cancels)
+            for transfer in starts {
+                if cancelled.remove(transfer.id) != nil || closing {
+                    deliver(transfer, .failure(cancellation(transfer)))
+                } else {
+                    begin(transfer)
+                }
+            }
+            for id in cancelled {
+                if let transfer = active[id] { abort(transfer) }
+            }
+            if closing {
+                for transfer in Array(active.values) { abort(transfer) }
+                break
+            }
+
+            if curl_multi_perform(multi, &running) != CURLM_OK {
+                // Only on out-of-memory or a broken multi handle; avoid spinning.
+                usleep(1000)
+            }
+            var easy: UnsafeMutableRawPointer?
+            var code = CURLE_OK
+            while fqc_multi_next_done(multi, &easy, &code) != 0 {
+                if let easy, let transfer = transfer(of: easy) { finish(transfer, code) }
+            }
+            // Sleeps until socket activity, curl's next timer, or curl_multi_wakeup.
+            if curl_multi_poll(multi, nil, 0, 1000, nil) != CURLM_OK { usleep(1000) }
+        }
+        for easy in idleHandles { curl_easy_cleanup(easy) }
+        idleHandles = []
+    }
+
+    private func transfer(of easy: UnsafeMutableRawPointer) -> CurlTransfer? {
+        var pointer: UnsafeMutableRawPointer?
+        guard fqc_easy_getinfo_pointer(easy, CURLINFO_PRIVATE, &pointer) == CURLE_OK, let pointer else {
+            return nil
+        }
+        return Unmanaged<CurlTransfer>.fromOpaque(pointer).takeUnretainedValue()
+    }
+
+    private func begin(_ transfer: CurlTransfer) {
+        if let rejection = transfer.rejection {
+            deliver(transfer, .failure(rejection))
+            return
+        }
+        guard let easy = idleHandles.popLast() ?? curl_easy_init() else {
+            deliver(transfer, .failure(TransportError(kind: .network, message: "curl_easy_init failed")))
+            return
+        }
+        transfer.easy = easy
+        if let problem = transfer.configure(easy) {
+            recycle(transfer)
+            deliver(transfer, .failure(TransportError(kind: .invalidRequest, message: problem)))
+            return
+        }
+        let rc = curl_multi_add_handle(multi, easy)
+        guard rc == CURLM_OK else {
+            recycle(transfer)
+            let text = String(cString: curl_multi_strerror(rc))
+            deliver(transfer, .failure(TransportError(kind: .network, message: "curl_multi_add_handle: \(text)")))
+            return
+        }
+        active[transfer.id] = transfer
+    }
+
+    /// curl finished the transfer (successfully or not).
+    private func finish(_ transfer: CurlTransfer, _ code: CURLcode) {
+        let result = transfer.result(for: code)
+        detach(transfer)
+        deliver(transfer, result)
+    }
+
+    /// Cancellation: out of curl now, completion with `.cancelled`.
+    private func abort(_ transfer: CurlTransfer) {
+        detach(transfer)
+        deliver(transfer, .failure(cancellation(transfer)))
+    }
+
+    private func cancellation(_ transfer: CurlTransfer) -> TransportError {
+        TransportError(kind: .cancelled, message: "cancelled")
+    }
+
+    private func detach(_ transfer: CurlTransfer) {
+        active.removeValue(forKey: transfer.id)
+        if let easy = transfer.easy { curl_multi_remove_handle(multi, easy) }
+        recycle(transfer)
+    }
+
+    /// Returns the transfer's easy handle to the pool, reset, and frees what curl
+    /// pointed into. The handle must not be in the multi handle.
+    private func recycle(_ transfer: CurlTransfer) {
+        guard let easy = transfer.easy else { return }
+        transfer.easy = nil
+        curl_easy_reset(easy)
+        transfer.releaseCurlMemory()
+        if idleHandles.count < Self.maxIdleHandles {
+            idleHandles.append(easy)
+        } else {
+            curl_easy_cleanup(easy)
+        }
+    }
+
+    private func deliver(_ transfer: CurlTransfer, _ result: Result<HTTPResponse, TransportError>) {
+        precondition(!transfer.completed, "transfer completed twice")
+        transfer.completed = true
+        activeCount.wrappingSubtract(1, ordering: .releasing)
+        transfer.completion(result)
+    }
+}

@@ -1,0 +1,285 @@
+import FetchQ
+import Glibc
+import Testing
+
+/// What goes out and what comes back: methods, headers, bodies, status codes,
+/// redirects, size caps, content encodings, request validation.
+@Suite("Transport: requests and responses")
+struct TransportRequestTests {
+    let server: TestServer
+    let transport: CurlTransport
+
+    init() throws {
+        server = try TestServer()
+        transport = try CurlTransport()
+    }
+
+    // MARK: Methods, headers, bodies
+
+    @Test("method, query, headers and body round-trip through /echo",
+          arguments: ["GET", "POST", "PUT", "DELETE", "PATCH", "PURGE"])
+    func echoRoundTrip(method: String) throws {
+        // UTF-8 with a NUL in the middle: binary-safe sending, and the echo
+        // (which decodes the body as UTF-8) can still show it exactly.
+        let body: [UInt8]? = ["GET", "DELETE"].contains(method)
+            ? nil : Array("héllo\u{0}wörld {\"k\":[1,2]}".utf8)
+        let request = HTTPRequest(
+            method: method, url: server.url("/echo?x=1&y=two%20words"),
+            headers: [(name: "X-Test", value: "value 1"), (name: "X-Empty", value: ""),
+                      (name: "Authorization", value: "Bearer secret")],
+            body: body)
+        let response = try transport.perform(request).get()
+        #expect(response.status == 200)
+        let echo = try #require(TestJSON(parsing: response.body))
+        #expect(echo["method"]?.string == method)
+        #expect(echo["path"]?.string == "/echo")
+        #expect(echo["query"]?["x"]?.string == "1")
+        #expect(echo["query"]?["y"]?.string == "two words")
+        let headers = try #require(echo["headers"])
+        #expect(headers["x-test"]?.string == "value 1")
+        #expect(headers["x-empty"]?.string == "")
+        #expect(headers["authorization"]?.string == "Bearer secret")
+        #expect(headers["user-agent"]?.string == "fetchq")
+        #expect(headers["expect"] == nil)
+        if let body {
+            #expect(echo["body"]?.string == String(decoding: body, as: UTF8.self))
+            #expect(headers["content-length"]?.string == String(body.count))
+            // curl's form-urlencoded default is not sent.
+            #expect(headers["content-type"] == nil)
+        } else {
+            #expect(echo["body"]?.string == "")
+            #expect(headers["content-length"] == nil)
+        }
+    }
+
+    @Test("an explicit Content-Type is sent; an empty body is Content-Length: 0")
+    func contentTypeAndEmptyBody() throws {
+        let withType = try transport.perform(HTTPRequest(
+            method: "POST", url: server.url("/echo"),
+            headers: [(name: "Content-Type", value: "application/json")], body: Array("{}".utf8))).get()
+        let echo = try #require(TestJSON(parsing: withType.body))
+        #expect(echo["headers"]?["content-type"]?.string == "application/json")
+        #expect(echo["body"]?.string == "{}")
+
+        let empty = try transport.perform(HTTPRequest(method: "PUT", url: server.url("/echo"), body: [])).get()
+        let emptyEcho = try #require(TestJSON(parsing: empty.body))
+        #expect(emptyEcho["method"]?.string == "PUT")
+        #expect(emptyEcho["headers"]?["content-length"]?.string == "0")
+    }
+
+    @Test("an explicit Expect: 100-continue works; the 100 response's headers are not kept")
+    func expectContinue() throws {
+        let body = Array(String(repeating: "0123456789", count: 1000).utf8)
+        let response = try transport.perform(HTTPRequest(
+            method: "POST", url: server.url("/echo"), headers: [(name: "Expect", value: "100-continue")],
+            body: body)).get()
+        #expect(response.status == 200)
+        #expect(response.headers.map(\.name) == ["Content-Type", "Content-Length", "Server", "Date"])
+        let echo = try #require(TestJSON(parsing: response.body))
+        #expect(echo["headers"]?["expect"]?.string == "100-continue")
+        #expect(echo["body"]?.string?.utf8.count == body.count)
+    }
+
+    @Test("a 3 MB request body arrives whole")
+    func largeUpload() throws {
+        let body = [UInt8](repeating: UInt8(ascii: "z"), count: 3 << 20)
+        let response = try transport.perform(HTTPRequest(method: "POST", url: server.url("/echo"), body: body)).get()
+        let echo = try #require(TestJSON(parsing: response.body))
+        #expect(echo["headers"]?["content-length"]?.string == String(body.count))
+        #expect(echo["body"]?.string?.utf8.count == body.count)
+    }
+
+    @Test("HEAD returns headers only and does not wait for a body")
+    func head() throws {
+        let response = try transport.perform(HTTPRequest(method: "HEAD", url: server.url("/bytes?n=5000"))).get()
+        #expect(response.status == 200)
+        #expect(response.body.isEmpty)
+        #expect(response.header("content-length") == "5000")
+        #expect(response.header("Content-Type") == "application/octet-stream")
+    }
+
+    @Test("status codes are delivered as responses, not errors",
+          arguments: [200, 201, 204, 301, 400, 404, 418, 500, 503])
+    func statusCodes(code: Int) throws {
+        let response = try transport.perform(HTTPRequest(url: server.url("/status/\(code)"))).get()
+        #expect(response.status == code)
+        if code == 204 {
+            #expect(response.body.isEmpty)
+        } else {
+            #expect(TestJSON(parsing: response.body)?["status"]?.int == code)
+        }
+    }
+
+    @Test("response headers: in order, final response only; metrics filled in")
+    func responseHeadersAndMetrics() throws {
+        let response = try transport.perform(HTTPRequest(url: server.url("/redirect?n=2"))).get()
+        #expect(response.status == 200)
+        // The two 302s carried Location and their own Content-Length; none may leak.
+        #expect(response.headers.map(\.name) == ["Content-Type", "Content-Length", "Server", "Date"])
+        #expect(response.header("location") == nil)
+        #expect(response.header("content-length") == String(response.body.count))
+        #expect(response.effectiveURL == server.url("/json"))
+        #expect(TestJSON(parsing: response.body)?["items"] != nil)
+        let m = response.metrics
+        #expect(m.redirects == 2)
+        #expect(m.httpVersion == "1.1")
+        #expect(m.bytesReceived == response.body.count)
+        #expect(m.totalMs > 0)
+        #expect(m.firstByteMs <= m.totalMs)
+        #expect(m.connectMs <= m.firstByteMs)
+    }
+
+    // MARK: Redirects
+
+    @Test("a redirect chain up to the cap is followed")
+    func redirectsWithinCap() throws {
+        let response = try transport.perform(HTTPRequest(url: server.url("/redirect?n=5"), maxRedirects: 5)).get()
+        #expect(response.status == 200)
+        #expect(response.metrics.redirects == 5)
+    }
+
+    @Test("one redirect over the cap, and a loop, fail with .tooManyRedirects",
+          arguments: ["/redirect?n=6", "/redirect-loop"])
+    func tooManyRedirects(path: String) throws {
+        let error = try #require(transport.perform(HTTPRequest(url: server.url(path), maxRedirects: 5)).error)
+        #expect(error.kind == .tooManyRedirects)
+        #expect(error.curlCode == 47)
+        #expect(error.message.contains("redirect"))
+    }
+
+    @Test("followRedirects false returns the 3xx itself")
+    func redirectNotFollowed() throws {
+        let response = try transport.perform(HTTPRequest(url: server.url("/redirect?n=2"), followRedirects: false)).get()
+        #expect(response.status == 302)
+        #expect(response.header("Location") == "/redirect?n=1")
+        #expect(response.metrics.redirects == 0)
+    }
+
+    @Test("Authorization and Cookie headers are not sent to another host on redirect")
+    func credentialsStayOnHost() throws {
+        let headers = [(name: "Authorization", value: "Bearer secret"), (name: "Cookie", value: "session=1"),
+                       (name: "X-Other", value: "kept")]
+        // Same host: kept.
+        let same = try transport.perform(HTTPRequest(
+            url: server.url("/redirect-to?url=/echo"), headers: headers)).get()
+        let sameEcho = try #require(TestJSON(parsing: same.body)?["headers"])
+        #expect(sameEcho["authorization"]?.string == "Bearer secret")
+        #expect(sameEcho["cookie"]?.string == "session=1")
+        // Another host name (same server, reached as "localhost"): dropped.
+        let other = try transport.perform(HTTPRequest(
+            url: server.url("/redirect-to?url=http://localhost:\(server.port)/echo"), headers: headers)).get()
+        #expect(other.effectiveURL == "http://localhost:\(server.port)/echo")
+        let otherEcho = try #require(TestJSON(parsing: other.body)?["headers"])
+        #expect(otherEcho["authorization"] == nil)
+        #expect(otherEcho["cookie"] == nil)
+        #expect(otherEcho["x-other"]?.string == "kept")
+    }
+
+    @Test("POST becomes GET after 303 and stays POST with its body after 307")
+    func redirectMethodRules() throws {
+        let body = Array("payload".utf8)
+        let after303 = try transport.perform(HTTPRequest(
+            method: "POST", url: server.url("/redirect-to?url=/echo&status=303"), body: body)).get()
+        #expect(TestJSON(parsing: after303.body)?["method"]?.string == "GET")
+        let after307 = try transport.perform(HTTPRequest(
+            method: "POST", url: server.url("/redirect-to?url=/echo&status=307"), body: body)).get()
+        let echo = try #require(TestJSON(parsing: after307.body))
+        #expect(echo["method"]?.string == "POST")
+        #expect(echo["body"]?.string == "payload")
+    }
+
+    @Test("a redirect to a scheme other than http/https is refused")
+    func redirectToOtherScheme() throws {
+        let error = try #require(transport.perform(HTTPRequest(
+            url: server.url("/redirect-to?url=ftp://127.0.0.1/file"))).error)
+        #expect(error.kind == .network)
+        #expect(error.curlCode == 1)  // CURLE_UNSUPPORTED_PROTOCOL
+        #expect(error.message.contains("after 1 redirect, at ftp://127.0.0.1/file"), "\(error.message)")
+    }
+
+    // MARK: Size cap
+
+    @Test("a body of exactly maxResponseBytes is delivered whole", arguments: [false, true])
+    func sizeCapExact(chunked: Bool) throws {
+        let response = try transport.perform(HTTPRequest(
+            url: server.url("/bytes?n=100000\(chunked ? "&chunked=1" : "")"), maxResponseBytes: 100_000)).get()
+        #expect(response.status == 200)
+        #expect(response.body.count == 100_000)
+        // The server's pattern: byte i is i % 251.
+        #expect(response.body.indices.allSatisfy { response.body[$0] == UInt8($0 % 251) })
+    }
+
+    @Test("one byte over maxResponseBytes fails with .tooLarge", arguments: [false, true])
+    func sizeCapExceeded(chunked: Bool) throws {
+        let error = try #require(transport.perform(HTTPRequest(
+            url: server.url("/bytes?n=100001\(chunked ? "&chunked=1" : "")"), maxResponseBytes: 100_000)).error)
+        #expect(error.kind == .tooLarge)
+        // Known length: refused from Content-Length; chunked: stopped by the write callback.
+        #expect(error.curlCode == (chunked ? 23 : 63))
+        #expect(error.message.contains("100000"))
+    }
+
+    @Test("a huge chunked body is cut off at the cap, not downloaded")
+    func sizeCapStopsEarly() throws {
+        let error = try #require(transport.perform(HTTPRequest(
+            url: server.url("/bytes?n=300000000&chunked=1"), timeoutMs: 60_000, maxResponseBytes: 1 << 20)).error)
+        #expect(error.kind == .tooLarge)
+    }
+
+    // MARK: Content encoding
+
+    @Test("gzip is requested and decoded")
+    func gzipDecoded() throws {
+        let response = try transport.perform(HTTPRequest(url: server.url("/gzip"))).get()
+        #expect(response.header("Content-Encoding") == "gzip")
+        let json = try #require(TestJSON(parsing: response.body))
+        #expect(json["items"] != nil)
+        #expect(response.metrics.bytesReceived == response.body.count)
+
+        let echo = try transport.perform(HTTPRequest(url: server.url("/echo"))).get()
+        let acceptEncoding = try #require(TestJSON(parsing: echo.body)?["headers"]?["accept-encoding"]?.string)
+        #expect(acceptEncoding.contains("gzip"))
+    }
+
+    @Test("acceptEncoding false: no Accept-Encoding, body left as sent")
+    func gzipNotRequested() throws {
+        let echo = try transport.perform(HTTPRequest(url: server.url("/echo"), acceptEncoding: false)).get()
+        #expect(TestJSON(parsing: echo.body)?["headers"]?["accept-encoding"] == nil)
+        let raw = try transport.perform(HTTPRequest(url: server.url("/gzip"), acceptEncoding: false)).get()
+        #expect(Array(raw.body.prefix(2)) == [0x1f, 0x8b])
+    }
+
+    @Test("a corrupt gzip body fails with .badContentEncoding")
+    func badGzip() throws {
+        let error = try #require(transport.perform(HTTPRequest(url: server.url("/bad-gzip"))).error)
+        #expect(error.kind == .badContentEncoding)
+        #expect(error.curlCode == 61)
+    }
+
+    // MARK: Validation
+
+    @Test("invalid requests complete with .invalidRequest, from the loop thread",
+          arguments: [
+              ("method with a space", HTTPRequest(method: "GE T", url: "http://127.0.0.1:1/")),
+              ("empty method", HTTPRequest(method: "", url: "http://127.0.0.1:1/")),
+              ("header name with a space", HTTPRequest(url: "http://127.0.0.1:1/", headers: [(name: "Bad Name", value: "x")])),
+              ("CRLF in a header value", HTTPRequest(url: "http://127.0.0.1:1/", headers: [(name: "X", value: "a\r\nInjected: 1")])),
+              ("HEAD with a body", HTTPRequest(method: "HEAD", url: "http://127.0.0.1:1/", body: [])),
+              ("negative timeout", HTTPRequest(url: "http://127.0.0.1:1/", timeoutMs: -1)),
+              ("empty URL", HTTPRequest(url: "")),
+              ("space in URL", HTTPRequest(url: "http://127.0.0.1:1/a b")),
+              ("ftp scheme", HTTPRequest(url: "ftp://127.0.0.1:1/file")),
+              ("malformed IPv6 host", HTTPRequest(url: "http://[::1/")),
+              ("no scheme", HTTPRequest(url: "not-a-url")),
+          ])
+    func invalidRequests(label: String, request: HTTPRequest) throws {
+        let caller = pthread_self()
+        let box = TestCollector<(TransportResult, pthread_t)>()
+        _ = transport.start(request, progress: nil) { box.add(($0, pthread_self())) }
+        let (result, thread) = try #require(box.waitFirst(timeout: 10))
+        let error = try #require(result.error)
+        #expect(error.kind == .invalidRequest, "\(error)")
+        #expect(!error.message.isEmpty)
+        #expect(pthread_equal(thread, caller) == 0)
+    }
+}
