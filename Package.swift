@@ -16,12 +16,15 @@ let package = Package(
         .systemLibrary(
             name: "CCurl", path: "Sources/CCurl", pkgConfig: "libcurl",
             providers: [.apt(["libcurl4-openssl-dev"])]),
+        .systemLibrary(
+            name: "CSQLite", path: "Sources/CSQLite", pkgConfig: "sqlite3",
+            providers: [.apt(["libsqlite3-dev"])]),
         // The public header, include/fetchq.h (Sources/CFetchQ/include is a link to it).
         .target(name: "CFetchQ", dependencies: ["CJansson"], path: "Sources/CFetchQ"),
         // Internal C helpers: thread-locals and wrappers for curl's variadic calls.
         .target(name: "CFetchQSupport", dependencies: ["CCurl"], path: "Sources/CFetchQSupport"),
         .target(
-            name: "FetchQ", dependencies: ["CJansson", "CCurl", "CFetchQSupport"],
+            name: "FetchQ", dependencies: ["CJansson", "CCurl", "CSQLite", "CFetchQSupport"],
             swiftSettings: [.swiftLanguageMode(.v6)]),
         .target(
             name: "FetchQCABI", dependencies: ["FetchQ", "CFetchQ", "CJansson"],
