@@ -88,7 +88,8 @@ typedef enum fq_status {
     FQ_ERR_PARSE = -14,        /* the body is not valid JSON, or too deep */
     FQ_ERR_TLS = -15,          /* TLS handshake or certificate verification failed */
     FQ_ERR_REDIRECT = -16,     /* too many redirects */
-    FQ_ERR_NOMEM = -17         /* out of memory */
+    FQ_ERR_NOMEM = -17,        /* out of memory */
+    FQ_ERR_STORE = -18         /* the item store (SQLite) failed */
 } fq_status;
 
 /* A static English description of a status. Never NULL, never freed. */
@@ -270,6 +271,102 @@ fq_op_id fq_submit_block(fq_queue *queue, fq_block_fn fn, const json_t *options,
 fq_op_id fq_submit_async(fq_queue *queue, fq_async_fn fn, const json_t *options,
                          fq_completion_fn done, void *userdata);
 
+/* Network operations (requests and searches) also accept, in `options`:
+ *   "connect_timeout_ms", "timeout_ms", "max_redirects", "max_response_bytes",
+ *   "max_json_depth", "verify_tls", "ca_file", "user_agent" — overriding the
+ *                engine's config for this operation (same meaning);
+ *   "progress"   true: FQ_EVENT_PROGRESS events for this operation go to the
+ *                engine's event function (see fq_engine_set_event_fn);
+ *   "progress_interval_ms" the least time between two progress events
+ *                (default 100; implies "progress": true).
+ * They run at most config "max_per_host" at once per host:port (across
+ * queues; operations for a busy host never hold back other hosts). A failed
+ * transfer ends FQ_FAILED with FQ_ERR_TIMEOUT, FQ_ERR_NETWORK,
+ * FQ_ERR_TOO_LARGE, FQ_ERR_REDIRECT or FQ_ERR_TLS; a cancelled one is removed
+ * from the transport at once and ends FQ_CANCELLED. */
+
+/* An HTTP request. `request` is BORROWED:
+ *   "method"   any HTTP method token (default "GET")
+ *   "url"      required; http:// or https:// only (others: FQ_ERR_INVALID)
+ *   "headers"  an object of strings; a name that is not a token or a value
+ *              with CR, LF or NUL is FQ_ERR_INVALID
+ *   "query"    an object of strings/numbers/booleans, URL-encoded (RFC 3986)
+ *              and appended to the URL
+ *   "body"     a string (sent as is), or any other JSON value (serialized
+ *              and sent with Content-Type: application/json unless set)
+ * Extra options: "parse": "auto" (default: parse when the response's
+ * Content-Type is JSON) | "json" (always; invalid JSON is FQ_ERR_PARSE) |
+ * "none"; "accept_status": statuses that count as success besides 2xx, as
+ * numbers (404) or classes ("4xx"). Any other status ends FQ_FAILED with
+ * FQ_ERR_HTTP; status, headers, body (and value, if it parsed) stay readable. */
+fq_op_id fq_submit_request(fq_queue *queue, const json_t *request, const json_t *options,
+                           fq_completion_fn done, void *userdata);
+
+/* A search: `query` (UTF-8, copied) is percent-encoded (RFC 3986) into the
+ * {query} of the engine's "search" "url" template; the response is parsed,
+ * the results array extracted at the "results" pointer and sorted by the
+ * "sort" pointer (numbers numerically, strings by code point, items without
+ * the key last). The value is {"query": q, "items": [...], "count": N}.
+ * Options may override any "search" key ("url", "results", "id", "sort",
+ * "order"); without an engine "search" config, "url" is required. A results
+ * pointer that selects nothing or a non-array is FQ_ERR_PARSE. */
+fq_op_id fq_submit_search(fq_queue *queue, const char *query, const json_t *options,
+                          fq_completion_fn done, void *userdata);
+
+/* A fan-out search: one child search per distinct query in `queries` (n
+ * UTF-8 strings, copied), each a normal operation of `queue` — it honours the
+ * queue's max_concurrent, priorities, per-host limits and cancellation — and
+ * a parent that completes once, after every child ended, with
+ *   {"items": [...], "count": N,
+ *    "queries": {"<q>": {"count": n} | {"error": "...", "status": fq_status
+ *                                        [, "http_status": n]}}}
+ * where items are merged in query order, de-duplicated by the "id" pointer
+ * (the first occurrence wins; items without an id are kept) and sorted by
+ * the "sort" pointer. The returned id is the parent's: cancelling it (or its
+ * group) cancels the children; `done` is called once, for the parent only.
+ * Options: those of fq_submit_search (applied to every child; "priority",
+ * "qos", "group", "depends_on", "max_wait_ms" too) plus
+ *   "fail_fast"    true: the first failing query cancels the others and the
+ *                  parent ends FQ_FAILED with that query's status (default
+ *                  false: a failing query gives a partial result);
+ *   "child_events" true: an FQ_EVENT_CHILD event (fq_engine_set_event_fn) as
+ *                  each child ends, before the parent's callback.
+ * "barrier" is not supported (FQ_ERR_INVALID). In fq_engine_stats a
+ * search-all counts as n + 1 operations. */
+fq_op_id fq_submit_search_all(fq_queue *queue, const char *const *queries, size_t n,
+                              const json_t *options, fq_completion_fn done, void *userdata);
+
+/* ------------------------------------------------------------------ */
+/* Events                                                               */
+/* ------------------------------------------------------------------ */
+
+typedef enum fq_event_type {
+    FQ_EVENT_PROGRESS = 1, /* bytes received so far / expected (0 if unknown) */
+    FQ_EVENT_CHILD = 2     /* a search-all child ended (fq_event_child_result) */
+} fq_event_type;
+
+/* Called for events of operations that asked for them. Runs where
+ * completions run (delivery thread or dispatching thread), always before the
+ * operation's completion callback. `event` is BORROWED for the call. */
+typedef void (*fq_event_fn)(const fq_event *event, void *userdata);
+
+/* Sets (or with fn == NULL clears) the engine's event function. Events
+ * already queued are delivered to the function that was set when they
+ * happened. */
+int fq_engine_set_event_fn(fq_engine *engine, fq_event_fn fn, void *userdata);
+
+fq_op_id fq_event_op_id(const fq_event *event);
+fq_event_type fq_event_get_type(const fq_event *event);
+/* FQ_EVENT_PROGRESS: bytes received so far and expected in all (0 when the
+ * server did not say). Either pointer may be NULL. */
+int fq_event_progress(const fq_event *event, uint64_t *received, uint64_t *expected);
+/* FQ_EVENT_CHILD: fq_event_op_id() is the parent's id; this is the child's
+ * result (its own id, outcome, status, value {"query","items","count"} or
+ * error). BORROWED for the event call. NULL for other events. */
+const fq_result *fq_event_child_result(const fq_event *event);
+/* FQ_EVENT_CHILD: the child's query. BORROWED for the event call. */
+const char *fq_event_query(const fq_event *event);
+
 /* ------------------------------------------------------------------ */
 /* Inside an operation's body                                           */
 /* ------------------------------------------------------------------ */
@@ -298,6 +395,11 @@ int fq_op_finish(fq_op *op, json_t *value, const char *error);
  * chain). BORROWED: valid until this operation finishes. NULL if `dep` is not
  * one of its dependencies or produced no value. */
 json_t *fq_op_dependency_result(const fq_op *op, fq_op_id dep);
+
+/* The whole result of a dependency named in "depends_on" — status, error,
+ * value and, for a request, HTTP status, headers and body. BORROWED: valid
+ * until this operation finishes. NULL if `dep` is not one of them. */
+const fq_result *fq_op_dependency(const fq_op *op, fq_op_id dep);
 
 /* ------------------------------------------------------------------ */
 /* Controlling operations                                               */
@@ -342,6 +444,23 @@ const char *fq_result_error(const fq_result *result);
  * value, a parsed response, a search's {"query","items","count"}. BORROWED:
  * valid during the callback (json_incref it to keep it). NULL if none. */
 json_t *fq_result_value(const fq_result *result);
+
+
+/* Network operations; other operations give 0 / NULL. All BORROWED: valid
+ * during the callback. */
+
+/* The final response's HTTP status (after redirects), 0 if none arrived. */
+long fq_result_http_status(const fq_result *result);
+/* The response headers as an object: lower-cased names, repeated headers
+ * joined with ", ". */
+json_t *fq_result_headers(const fq_result *result);
+/* The response body (decoded if it was gzip); *len gets its length (len may
+ * be NULL). Not NUL-terminated. NULL with *len = 0 when there is none. */
+const unsigned char *fq_result_body(const fq_result *result, size_t *len);
+/* Timing and size: {"queue_wait_ms", "connect_ms", "first_byte_ms",
+ * "total_ms" (numbers), "bytes", "redirects", "attempts" (integers),
+ * "http_version" (string), "reused_connection" (boolean)}. */
+json_t *fq_result_metrics(const fq_result *result);
 
 #ifdef __cplusplus
 }

@@ -25,7 +25,7 @@ public func fq_submit_block(_ handle: OpaquePointer?, _ fn: fq_block_fn?, _ opti
     guard let q = queue(handle), let fn else { return fq_op_id(fail(.invalid, "NULL queue or function")) }
     let ud = UserData(pointer: userdata)
     return submitted { () throws(FetchQError) in
-        try q.engine.submit(.block { op in JSONRef.adopt(fn(op.handle, ud.pointer)) },
+        try q.engine.submit(.block { op in JSONRef(owned: fn(op.handle, ud.pointer)) },
                             to: q, options: options, completion: completion(done, ud))
     }
 }
@@ -61,14 +61,19 @@ public func fq_op_set_error(_ handle: OpaquePointer?, _ message: UnsafePointer<C
 @c @implementation
 public func fq_op_finish(_ handle: OpaquePointer?, _ value: UnsafeMutablePointer<json_t>?,
                          _ error: UnsafePointer<CChar>?) -> Int32 {
-    let owned = JSONRef.adopt(value)  // stolen: released here on any failure
+    let owned = JSONRef(owned: value)  // stolen: released here on any failure
     guard let op = operation(handle) else { return fail(nullHandle) }
     return status { () throws(FetchQError) in try op.finish(value: owned, error: string(error)) }
 }
 
 @c @implementation
 public func fq_op_dependency_result(_ handle: OpaquePointer?, _ dep: fq_op_id) -> UnsafeMutablePointer<json_t>? {
-    operation(handle)?.dependencyResult(dep)?.raw
+    operation(handle)?.dependencyResult(dep)?.pointer
+}
+
+@c @implementation
+public func fq_op_dependency(_ handle: OpaquePointer?, _ dep: fq_op_id) -> OpaquePointer? {
+    (operation(handle)?.dependency(dep)).map { OpaquePointer(Unmanaged.passUnretained($0).toOpaque()) }
 }
 
 @c @implementation
@@ -91,5 +96,108 @@ public func fq_result_error(_ handle: OpaquePointer?) -> UnsafePointer<CChar>? {
 
 @c @implementation
 public func fq_result_value(_ handle: OpaquePointer?) -> UnsafeMutablePointer<json_t>? {
-    result(handle)?.value?.raw
+    result(handle)?.value?.pointer
+}
+
+@c @implementation
+public func fq_submit_request(_ handle: OpaquePointer?, _ request: UnsafePointer<json_t>?, _ options: UnsafePointer<json_t>?,
+                              _ done: fq_completion_fn?, _ userdata: UnsafeMutableRawPointer?) -> fq_op_id {
+    guard let q = queue(handle) else { return fq_op_id(fail(nullHandle)) }
+    let ud = UserData(pointer: userdata)
+    return submitted { () throws(FetchQError) in
+        try q.engine.submitRequest(request, to: q, options: options, completion: completion(done, ud))
+    }
+}
+
+@c @implementation
+public func fq_submit_search(_ handle: OpaquePointer?, _ query: UnsafePointer<CChar>?, _ options: UnsafePointer<json_t>?,
+                             _ done: fq_completion_fn?, _ userdata: UnsafeMutableRawPointer?) -> fq_op_id {
+    guard let q = queue(handle), let query = string(query) else { return fq_op_id(fail(.invalid, "NULL queue or query")) }
+    let ud = UserData(pointer: userdata)
+    return submitted { () throws(FetchQError) in
+        try q.engine.submitSearch(query, to: q, options: options, completion: completion(done, ud))
+    }
+}
+
+@c @implementation
+public func fq_result_http_status(_ handle: OpaquePointer?) -> Int { result(handle)?.http?.status ?? 0 }
+
+@c @implementation
+public func fq_result_headers(_ handle: OpaquePointer?) -> UnsafeMutablePointer<json_t>? {
+    result(handle)?.http?.headers?.pointer
+}
+
+@c @implementation
+public func fq_result_body(_ handle: OpaquePointer?, _ length: UnsafeMutablePointer<Int>?) -> UnsafePointer<UInt8>? {
+    let body = result(handle)?.bodyBytes
+    length?.pointee = body?.count ?? 0
+    return body?.baseAddress.map { UnsafePointer($0) }
+}
+
+@c @implementation
+public func fq_result_metrics(_ handle: OpaquePointer?) -> UnsafeMutablePointer<json_t>? {
+    result(handle)?.http?.metrics?.pointer
+}
+
+@c @implementation
+public func fq_engine_set_event_fn(_ handle: OpaquePointer?, _ fn: fq_event_fn?, _ userdata: UnsafeMutableRawPointer?) -> Int32 {
+    guard let e = engine(handle) else { return fail(nullHandle) }
+    let ud = UserData(pointer: userdata)
+    guard let fn else {
+        e.setEventHandler(nil)
+        return FQStatus.ok.rawValue
+    }
+    e.setEventHandler { (event: OperationEvent) in
+        fn(OpaquePointer(Unmanaged.passUnretained(event).toOpaque()), ud.pointer)
+    }
+    return FQStatus.ok.rawValue
+}
+
+func event(_ handle: OpaquePointer?) -> OperationEvent? {
+    handle.map { Unmanaged<OperationEvent>.fromOpaque(UnsafeRawPointer($0)).takeUnretainedValue() }
+}
+
+@c @implementation
+public func fq_event_op_id(_ handle: OpaquePointer?) -> fq_op_id { event(handle)?.id ?? 0 }
+
+@c @implementation
+public func fq_event_get_type(_ handle: OpaquePointer?) -> fq_event_type {
+    fq_event_type(rawValue: UInt32(event(handle)?.kind.rawValue ?? 0))
+}
+
+@c @implementation
+public func fq_event_progress(_ handle: OpaquePointer?, _ received: UnsafeMutablePointer<UInt64>?,
+                              _ expected: UnsafeMutablePointer<UInt64>?) -> Int32 {
+    guard let e = event(handle) else { return fail(nullHandle) }
+    received?.pointee = e.received
+    expected?.pointee = e.expected
+    return FQStatus.ok.rawValue
+}
+
+@c @implementation
+public func fq_submit_search_all(_ handle: OpaquePointer?, _ queries: UnsafePointer<UnsafePointer<CChar>?>?, _ n: Int,
+                                 _ options: UnsafePointer<json_t>?, _ done: fq_completion_fn?,
+                                 _ userdata: UnsafeMutableRawPointer?) -> fq_op_id {
+    guard let q = queue(handle), let queries, n > 0 else {
+        return fq_op_id(fail(.invalid, "NULL queue, NULL queries or n == 0"))
+    }
+    var list: [String] = []
+    for i in 0..<n {
+        guard let s = string(queries[i]) else { return fq_op_id(fail(.invalid, "queries[\(i)] is NULL")) }
+        list.append(s)
+    }
+    let ud = UserData(pointer: userdata)
+    return submitted { () throws(FetchQError) in
+        try q.engine.submitSearchAll(list, to: q, options: options, completion: completion(done, ud))
+    }
+}
+
+@c @implementation
+public func fq_event_child_result(_ handle: OpaquePointer?) -> OpaquePointer? {
+    (event(handle)?.child).map { OpaquePointer(Unmanaged.passUnretained($0).toOpaque()) }
+}
+
+@c @implementation
+public func fq_event_query(_ handle: OpaquePointer?) -> UnsafePointer<CChar>? {
+    event(handle)?.queryCString.map { UnsafePointer($0) }
 }

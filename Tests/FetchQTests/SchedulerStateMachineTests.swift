@@ -109,8 +109,9 @@ import Testing
         }
         #expect(id == b)
         #expect(deps.count == 1)
-        #expect(deps.first?.0 == a)
-        #expect(deps.first?.1 == "A's value")
+        #expect(deps.first?.id == a)
+        #expect(deps.first?.outcome == .succeeded)
+        #expect(deps.first?.payload == "A's value")
     }
 
     @Test func failedDependencyCancelsTheChainWithItsName() {
@@ -130,6 +131,35 @@ import Testing
         #expect(m.isLive(d))
         #expect(m.counters.cancelled == 2)
         #expect(m.counters.failed == 1)
+    }
+
+    @Test func collectEdgesDeliverEveryOutcomeAndNeverCascade() {
+        var m = Machine()
+        let q = m.addQueue(name: "q", maxConcurrent: 4)
+        let (a, _) = submit(&m, q)
+        let (b, _) = submit(&m, q)
+        let (c, _) = submit(&m, q)
+        var spec = Machine.Spec(queue: q)
+        spec.collects = [a, b, c]
+        let (parent, pa) = try! m.submit(spec, now: 0).get()
+        #expect(started(pa).isEmpty)
+        _ = m.finished(a, .succeeded, payload: "a", now: 0)
+        _ = m.finished(b, .failed, payload: "b failed", now: 0)
+        let last = m.finished(c, .cancelled, payload: nil, now: 0)
+        guard case .start(parent, let deps) = last.first else {
+            Issue.record("parent should start after all children, got \(last)")
+            return
+        }
+        #expect(deps.map(\.id) == [a, b, c])
+        #expect(deps.map(\.outcome) == [.succeeded, .failed, .cancelled])
+        #expect(deps.map(\.payload) == ["a", "b failed", nil])
+        // Collecting a finished operation is refused.
+        spec.collects = [a]
+        guard case .failure(let e) = m.submit(spec, now: 0) else {
+            Issue.record("collecting a finished op accepted")
+            return
+        }
+        #expect(e.status == .notFound)
     }
 
     @Test func longFailureChainDoesNotRecurse() {
@@ -153,7 +183,7 @@ import Testing
             Issue.record("expected b to start, got \(actions)")
             return
         }
-        #expect(deps.first?.1 == "va")
+        #expect(deps.first?.payload == "va")
         // A failed one, then evicted from history (2 entries).
         let (f, _) = submit(&m, q)
         _ = m.finished(f, .failed, payload: nil, now: 0)

@@ -16,10 +16,11 @@ public enum DeliveryMode: Sendable { case thread, poll }
 final class Delivery: @unchecked Sendable {
     typealias Mode = DeliveryMode
 
-    struct Item {
-        var result: OperationResult
-        var completion: Completion?
-        var queue: QueueID
+    /// A completion (counted as outstanding until its callback returned),
+    /// or an event for the engine's event handler.
+    enum Item {
+        case completion(OperationResult, Completion?, QueueID)
+        case event(OperationEvent, EventHandler)
     }
 
     let mode: Mode
@@ -70,8 +71,13 @@ final class Delivery: @unchecked Sendable {
     }
 
     private func call(_ item: Item) {
-        item.completion?(item.result)
-        delivered(item)
+        switch item {
+        case .completion(let result, let completion, _):
+            completion?(result)
+            delivered(item)
+        case .event(let event, let handler):
+            handler(event)
+        }
     }
 
     private func run() {

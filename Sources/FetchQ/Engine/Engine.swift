@@ -21,6 +21,9 @@ public final class Engine: @unchecked Sendable {
     private var outstanding: [QueueID: Int] = [:]
     private var outstandingTotal = 0
     private var shuttingDown = false
+    private var eventHandler: EventHandler?
+    /// Created with the first network operation.
+    private var transport: CurlTransport?
     private var workers: WorkerPool!
     private var delivery: Delivery!
     private var timer: DeadlineTimer!
@@ -106,6 +109,105 @@ public final class Engine: @unchecked Sendable {
         return try enqueue(body, queue: queue.id, common: common, host: nil, completion: completion)
     }
 
+    /// Submits an HTTP request (`request`: method, url, headers, query, body).
+    public func submitRequest(_ request: UnsafePointer<json_t>?, to queue: Queue, options: UnsafePointer<json_t>?,
+                              completion: Completion?) throws(FetchQError) -> OpID {
+        var reader = try OptionReader(options, context: "options")
+        let common = try CommonOptions(reading: &reader, config: config)
+        let job = try NetworkJob.makeRequest(request, options: &reader, config: config)
+        try reader.finish()
+        return try enqueue(.network(job), queue: queue.id, common: common, host: job.host, completion: completion)
+    }
+
+    /// Submits a search: `query` goes into the endpoint's URL template; the
+    /// value is {"query", "items", "count"}.
+    public func submitSearch(_ query: String, to queue: Queue, options: UnsafePointer<json_t>?,
+                             completion: Completion?) throws(FetchQError) -> OpID {
+        var reader = try OptionReader(options, context: "options")
+        let common = try CommonOptions(reading: &reader, config: config)
+        let job = try NetworkJob.makeSearch(query, options: &reader, config: config)
+        try reader.finish()
+        return try enqueue(.network(job), queue: queue.id, common: common, host: job.host, completion: completion)
+    }
+
+    /// Submits a fan-out search: one child search per distinct query (each a
+    /// normal operation of `queue`, honouring its limits and priorities) and a
+    /// parent that collects them and completes once with the merged,
+    /// de-duplicated, sorted items. Cancelling the parent cancels the children.
+    public func submitSearchAll(_ queries: [String], to queue: Queue, options: UnsafePointer<json_t>?,
+                                completion: Completion?) throws(FetchQError) -> OpID {
+        var reader = try OptionReader(options, context: "options")
+        let common = try CommonOptions(reading: &reader, config: config)
+        let failFast = try reader.bool("fail_fast") ?? false
+        let childEvents = try reader.bool("child_events") ?? false
+        let template = try SearchTemplate(reading: &reader, config: config)
+        try reader.finish()
+        guard !common.barrier else { throw FetchQError(.invalid, "options.barrier: not supported for search-all") }
+        var unique: [String] = []
+        for q in queries where !unique.contains(q) { unique.append(q) }
+        guard !unique.isEmpty else { throw FetchQError(.invalid, "search-all needs at least one query") }
+        var jobs: [NetworkJob] = []
+        for q in unique { jobs.append(try template.job(for: q)) }
+        let family = SearchAllFamily(template: template, failFast: failFast, childEvents: childEvents)
+
+        let now = monotonicNanos()
+        func spec(host: String?) -> Machine.Spec {
+            var s = Machine.Spec(queue: queue.id)
+            s.priority = common.priority
+            s.qos = common.qos
+            s.group = common.group
+            s.host = host
+            s.dependsOn = common.dependsOn
+            if common.maxWaitMs > 0 { s.startDeadline = now + UInt64(common.maxWaitMs) * 1_000_000 }
+            return s
+        }
+        lock.lock()
+        guard !shuttingDown else {
+            lock.unlock()
+            throw FetchQError(.shutdown, "the engine is being freed")
+        }
+        var actions: [Machine.Action] = []
+        for (q, job) in zip(unique, jobs) {
+            switch machine.submit(spec(host: job.host), now: now) {
+            case .success(let (id, more)):
+                let child = Operation(id: id, queue: queue.id, qos: common.qos, body: .network(job), completion: nil, engine: self)
+                child.family = family
+                live[id] = child
+                family.children.append(id)
+                family.queries[id] = q
+                actions += more
+            case .failure(let error):
+                // Only the first child can fail (they share queue and deps).
+                lock.unlock()
+                throw error
+            }
+        }
+        var parentSpec = spec(host: nil)
+        parentSpec.dependsOn = []
+        parentSpec.startDeadline = nil
+        parentSpec.collects = family.children
+        guard case .success(let (parentID, more)) = machine.submit(parentSpec, now: now) else {
+            fatalError("submitting a search-all parent over live children cannot fail")
+        }
+        let parent = Operation(id: parentID, queue: queue.id, qos: common.qos,
+                               body: .block { op in family.merge(op) }, completion: completion, engine: self)
+        parent.family = family
+        family.parent = parentID
+        live[parentID] = parent
+        outstanding[queue.id, default: 0] += family.children.count + 1
+        outstandingTotal += family.children.count + 1
+        let work = resolve(actions + more)
+        lock.unlock()
+        execute(work)
+        if common.maxWaitMs > 0 { timer.kick() }
+        return parentID
+    }
+
+    /// Receives progress events of operations submitted with "progress".
+    public func setEventHandler(_ handler: EventHandler?) {
+        lock.withLock { eventHandler = handler }
+    }
+
     func enqueue(_ body: OperationBody, queue: QueueID, common: CommonOptions, host: String?,
                  completion: Completion?) throws(FetchQError) -> OpID {
         let now = monotonicNanos()
@@ -178,6 +280,7 @@ public final class Engine: @unchecked Sendable {
     private enum Work {
         case start(Operation)
         case deliver(Delivery.Item)
+        case abort(CurlTransport, TransferID)
     }
 
     /// Applies an event to the state machine under the lock, then carries out
@@ -205,8 +308,16 @@ public final class Engine: @unchecked Sendable {
     /// Turns actions into work on operation objects. Called with the lock held.
     private func resolve(_ actions: [Machine.Action]) -> [Work] {
         var work: [Work] = []
-        work.reserveCapacity(actions.count)
-        for action in actions {
+        resolve(actions, into: &work)
+        return work
+    }
+
+    private func resolve(_ actions: [Machine.Action], into work: inout [Work]) {
+        var actions = actions
+        var next = 0
+        while next < actions.count {
+            let action = actions[next]
+            next += 1
             switch action {
             case .start(let id, let dependencies):
                 guard let op = live[id] else { continue }
@@ -215,12 +326,42 @@ public final class Engine: @unchecked Sendable {
             case .complete(let id, let outcome, let status, let message):
                 guard let op = live.removeValue(forKey: id) else { continue }
                 let result = OperationResult(id: id, outcome: outcome, status: status, message: message, value: nil)
-                work.append(.deliver(.init(result: result, completion: op.completion, queue: op.queue)))
+                work.append(.deliver(.completion(result, op.completion, op.queue)))
+                actions += familyEnded(op, result, &work)
             case .cancelRunning(let id):
-                live[id]?.markCancelled()
+                guard let op = live[id] else { continue }
+                op.markCancelled()
+                if let transfer = op.transfer, let transport { work.append(.abort(transport, transfer)) }
             }
         }
-        return work
+    }
+
+    /// With the lock held, when an operation of a search-all family ended:
+    /// the child event, and the cancellations the family implies (a cancelled
+    /// parent cancels its children; with fail_fast a failed child cancels its
+    /// siblings). Returns the actions of those cancellations.
+    private func familyEnded(_ op: Operation, _ result: OperationResult, _ work: inout [Work]) -> [Machine.Action] {
+        guard let family = op.family else { return [] }
+        var cancels: [OpID] = []
+        if op.id == family.parent {
+            family.parentEnded = true
+            if result.outcome == .cancelled { cancels = family.children }
+        } else {
+            if family.childEvents && !family.parentEnded, let handler = eventHandler {
+                let event = OperationEvent(id: family.parent, kind: .child, child: result, query: family.queries[op.id])
+                work.append(.deliver(.event(event, handler)))
+            }
+            if family.failFast && result.outcome == .failed && !family.failedFast {
+                family.failedFast = true
+                cancels = family.children.filter { $0 != op.id }
+            }
+        }
+        var actions: [Machine.Action] = []
+        let now = monotonicNanos()
+        for id in cancels where machine.isLive(id) {
+            if case .success(let more) = machine.cancel(id, now: now) { actions += more }
+        }
+        return actions
     }
 
     private func execute(_ work: [Work]) {
@@ -228,6 +369,7 @@ public final class Engine: @unchecked Sendable {
             switch item {
             case .start(let op): start(op)
             case .deliver(let item): delivery.post(item)
+            case .abort(let transport, let transfer): transport.cancel(transfer)
             }
         }
     }
@@ -241,7 +383,47 @@ public final class Engine: @unchecked Sendable {
             }
         case .async(let body):
             workers.submit(qos: op.qos) { body(op) }
+        case .network(let job):
+            startTransfer(op, job)
         }
+    }
+
+    private func startTransfer(_ op: Operation, _ job: NetworkJob) {
+        lock.lock()
+        op.startedAt = monotonicNanos()
+        let queueWaitMs = Double(op.startedAt - op.submittedAt) / 1e6
+        if transport == nil {
+            do {
+                transport = try CurlTransport()
+            } catch {
+                lock.unlock()
+                finishRunning(op, OperationResult(id: op.id, outcome: .failed, status: .network,
+                                                  message: "cannot start the transport: \(error.message)", value: nil))
+                return
+            }
+        }
+        let transport = transport!
+        lock.unlock()
+        var progress: (@Sendable (UInt64, UInt64) -> Void)? = nil
+        if job.progressIntervalMs != nil {
+            progress = { [unowned self] received, expected in
+                guard let handler = lock.withLock({ eventHandler }) else { return }
+                let event = OperationEvent(id: op.id, kind: .progress, received: received, expected: expected)
+                delivery.post(.event(event, handler))
+            }
+        }
+        let transfer = transport.start(job.request, progress: progress) { [unowned self] outcome in
+            // The loop thread only hands over: parsing runs on a worker.
+            workers.submit(qos: op.qos) { [self] in
+                finishRunning(op, job.result(id: op.id, outcome, queueWaitMs: queueWaitMs, cancelled: op.isCancelled))
+            }
+        }
+        // A cancel that arrived before the transfer id was known aborts it now.
+        let cancelledMeanwhile = lock.withLock {
+            op.transfer = transfer
+            return op.isCancelled
+        }
+        if cancelledMeanwhile { transport.cancel(transfer) }
     }
 
     /// A running operation's body ended (block returned, async finished).
@@ -251,7 +433,7 @@ public final class Engine: @unchecked Sendable {
             result = OperationResult(id: op.id, outcome: .cancelled, status: .cancelled,
                                      message: "operation \(op.id) was cancelled", value: nil)
         } else if let error {
-            result = OperationResult(id: op.id, outcome: .failed, status: .operation, message: error, value: nil)
+            result = OperationResult(id: op.id, outcome: .failed, status: op.errorStatus, message: error, value: nil)
         } else {
             result = OperationResult(id: op.id, outcome: .succeeded, status: .ok, message: nil, value: value)
         }
@@ -267,17 +449,20 @@ public final class Engine: @unchecked Sendable {
         }
         let actions = machine.finished(op.id, result.outcome, payload: result, now: monotonicNanos())
         live[op.id] = nil
-        let work = resolve(actions)
+        var work: [Work] = []
+        let familyActions = familyEnded(op, result, &work)  // its event goes before what it unblocks
+        resolve(familyActions + actions, into: &work)
         lock.unlock()
-        delivery.post(.init(result: result, completion: op.completion, queue: op.queue))
+        delivery.post(.completion(result, op.completion, op.queue))
         execute(work)
     }
 
     /// After a callback returned.
     private func delivered(_ item: Delivery.Item) {
+        guard case .completion(_, _, let queue) = item else { return }
         lock.lock()
-        let left = outstanding[item.queue, default: 1] - 1
-        outstanding[item.queue] = left == 0 ? nil : left
+        let left = outstanding[queue, default: 1] - 1
+        outstanding[queue] = left == 0 ? nil : left
         outstandingTotal -= 1
         let wake = left == 0 || outstandingTotal == 0
         lock.unlock()
@@ -370,7 +555,7 @@ public final class Engine: @unchecked Sendable {
             json_object_set_new(perQueue, queue.name, q)
         }
         json_object_set_new(root, "queues", perQueue)
-        return JSONRef(owned: root)
+        return JSONRef(owned: root)!
     }
 
     // MARK: - Shutdown
@@ -389,6 +574,7 @@ public final class Engine: @unchecked Sendable {
         lock.unlock()
         execute(work)
         _ = wait(queue: nil, timeoutMs: -1)
+        lock.withLock { transport }?.shutdown()
         timer.stop()
         workers.stop()
         delivery.stop()

@@ -8,6 +8,8 @@ public enum OperationBody: Sendable {
     /// Runs on a worker and returns; the operation stays running until
     /// `finish` is called, from any thread.
     case async(@Sendable (Operation) -> Void)
+    /// A request or search: sent by the transport, parsed on a worker.
+    case network(NetworkJob)
 }
 
 /// An operation as its body sees it (`fq_op` in C).
@@ -25,8 +27,18 @@ public final class Operation: @unchecked Sendable {
     unowned let engine: Engine
     private let cancelled = Atomic<Bool>(false)
     private let finishing = Atomic<Bool>(false)
-    var dependencies: [(OpID, OperationResult?)] = []
+    var dependencies: [SchedulerStateMachine<OperationResult>.Dependency] = []
     var errorMessage: String?
+    /// The status a failing block body reports (FQ_ERR_OPERATION unless the
+    /// engine's own bodies, like a search-all merge, say otherwise).
+    var errorStatus = FQStatus.operation
+    /// A search-all's parent and children share one family.
+    var family: SearchAllFamily?
+    let submittedAt = monotonicNanos()
+    /// Network operations: when the transfer started, and its id (both
+    /// guarded by the engine's lock).
+    var startedAt: UInt64 = 0
+    var transfer: TransferID? = nil
 
     init(id: OpID, queue: QueueID, qos: QoS, body: OperationBody, completion: Completion?, engine: Engine) {
         self.id = id
@@ -74,6 +86,11 @@ public final class Operation: @unchecked Sendable {
 
     /// The value of a dependency named in depends_on, or nil.
     public func dependencyResult(_ dep: OpID) -> JSONRef? {
-        dependencies.first(where: { $0.0 == dep })?.1?.value
+        dependency(dep)?.value
+    }
+
+    /// The whole result of a dependency (status, body, ... of a request).
+    public func dependency(_ dep: OpID) -> OperationResult? {
+        dependencies.first(where: { $0.id == dep })?.payload
     }
 }

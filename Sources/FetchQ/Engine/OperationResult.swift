@@ -15,15 +15,66 @@ public final class OperationResult: @unchecked Sendable {
     public let value: JSONRef?
     /// `message` as a C string for the C ABI (valid as long as the result).
     public let messageCString: UnsafeMutablePointer<CChar>?
+    /// Status, headers, body and metrics of network operations; nil otherwise.
+    public let http: HTTPInfo?
 
-    init(id: OpID, outcome: Outcome, status: FQStatus, message: String?, value: JSONRef?) {
+    init(id: OpID, outcome: Outcome, status: FQStatus, message: String?, value: JSONRef?, http: HTTPInfo? = nil) {
         self.id = id
+        self.http = http
         self.outcome = outcome
         self.status = status
         self.message = message
         self.value = value
         messageCString = message.map { strdup($0) }
+        if let body = http?.body, !body.isEmpty {
+            let copy = UnsafeMutableBufferPointer<UInt8>.allocate(capacity: body.count)
+            _ = copy.initialize(from: body)
+            bodyBytes = UnsafeBufferPointer(copy)
+        } else {
+            bodyBytes = nil
+        }
     }
 
-    deinit { free(messageCString) }
+    /// The response body at a stable address for the C ABI (fq_result_body).
+    public let bodyBytes: UnsafeBufferPointer<UInt8>?
+
+    deinit {
+        free(messageCString)
+        bodyBytes?.deallocate()
+    }
 }
+
+/// Something that happened to a running operation before it ended,
+/// delivered to the engine's event handler ahead of its completion.
+///
+/// `@unchecked Sendable`: immutable; the C string is owned.
+public final class OperationEvent: @unchecked Sendable {
+    public enum Kind: Int32, Sendable {
+        /// Bytes received so far / expected.
+        case progress = 1
+        /// A search-all child ended: `child` and `query` say which and how.
+        case child = 2
+    }
+    public let id: OpID
+    public let kind: Kind
+    public let received: UInt64
+    public let expected: UInt64
+    public let child: OperationResult?
+    public let query: String?
+    public let queryCString: UnsafeMutablePointer<CChar>?
+
+    init(id: OpID, kind: Kind, received: UInt64 = 0, expected: UInt64 = 0,
+         child: OperationResult? = nil, query: String? = nil) {
+        self.id = id
+        self.kind = kind
+        self.received = received
+        self.expected = expected
+        self.child = child
+        self.query = query
+        queryCString = query.map { strdup($0) }
+    }
+
+    deinit { free(queryCString) }
+}
+
+public typealias EventHandler = @Sendable (OperationEvent) -> Void

@@ -30,6 +30,12 @@ struct OptionReader {
 
     func path(_ key: String) -> String { "\(context).\(key)" }
 
+    /// Whether the key is present (without reading it).
+    func has(_ key: String) -> Bool {
+        guard let object else { return false }
+        return json_object_get(object, key) != nil
+    }
+
     func typeError(_ key: String, _ expected: String, _ got: UnsafePointer<json_t>) -> FetchQError {
         FetchQError(.invalid, "\(path(key)): expected \(expected), got \(jsonTypeName(got))")
     }

@@ -22,9 +22,9 @@ struct SchedulerStateMachine<Payload> {
 
     /// What the runtime must do after an event.
     enum Action {
-        /// Start the operation; `dependencies` are its strict dependencies'
-        /// payloads (data passing).
-        case start(OpID, dependencies: [(OpID, Payload?)])
+        /// Start the operation; `dependencies` are the outcomes and payloads
+        /// of its strict (all succeeded) and collect dependencies.
+        case start(OpID, dependencies: [Dependency])
         /// The scheduler ended an operation that never started (cancelled,
         /// dependency failed, queue timeout): deliver its completion.
         case complete(OpID, Outcome, FQStatus, String)
@@ -41,6 +41,8 @@ struct SchedulerStateMachine<Payload> {
         /// host:port for network operations (per-host limit), nil otherwise.
         var host: String? = nil
         var dependsOn: [OpID] = []
+        /// Operations whose results this one collects (must be unfinished).
+        var collects: [OpID] = []
         var barrier = false
         /// Absolute monotonic deadline for starting, nil for none.
         var startDeadline: UInt64? = nil
@@ -48,11 +50,25 @@ struct SchedulerStateMachine<Payload> {
 
     enum OpState { case waiting, ready, running }
 
+    /// A finished dependency as the dependent sees it (data passing).
+    struct Dependency {
+        var id: OpID
+        var outcome: Outcome
+        var payload: Payload?
+    }
+
+    enum Edge {
+        /// depends_on: a failed or cancelled dependency cancels the dependent.
+        case strict
+        /// Barriers: only wait.
+        case order
+        /// Fan-in (search-all): wait, and receive the result whatever it is.
+        case collect
+    }
+
     struct Dependent {
         var id: OpID
-        /// Strict edges come from depends_on: a failed dependency cancels the
-        /// dependent. Ordering edges (barriers) only wait.
-        var strict: Bool
+        var edge: Edge
     }
 
     struct Op {
@@ -65,9 +81,9 @@ struct SchedulerStateMachine<Payload> {
         var state: OpState = .waiting
         var waitingOn = 0
         var dependents: [Dependent] = []
-        /// Strict dependencies, for cycle checks and data passing.
+        /// Strict and collect dependencies, for cycle checks.
         var dependencies: [OpID] = []
-        var dependencyPayloads: [(OpID, Payload?)] = []
+        var dependencyPayloads: [Dependency] = []
         var readySince: UInt64 = 0
         var cancelRequested = false
         var isBarrier = false
@@ -196,6 +212,10 @@ struct SchedulerStateMachine<Payload> {
             deps.append(dep)
         }
 
+        for dep in spec.collects where ops[dep] == nil {
+            return .failure(FetchQError(.notFound, "no unfinished operation \(dep) to collect"))
+        }
+
         let id = nextOpID
         nextOpID += 1
         nextSeq += 1
@@ -216,19 +236,20 @@ struct SchedulerStateMachine<Payload> {
         // after an open barrier waits for the barrier.
         if spec.barrier {
             let earlier = queues[spec.queue]!.unfinished.filter { $0 != id }
-            for other in earlier { link(id, after: other, strict: false) }
+            for other in earlier { link(id, after: other, edge: .order) }
             queues[spec.queue]!.openBarrier = id
         } else if let barrier = queues[spec.queue]!.openBarrier {
-            link(id, after: barrier, strict: false)
+            link(id, after: barrier, edge: .order)
         }
+        for dep in spec.collects { link(id, after: dep, edge: .collect) }
         var failedDependency: (OpID, Outcome)? = nil
         for dep in deps {
             if ops[dep] != nil {
-                link(id, after: dep, strict: true)
+                link(id, after: dep, edge: .strict)
             } else if let done = history[dep] {
                 ops[id]!.dependencies.append(dep)
                 if done.outcome == .succeeded {
-                    ops[id]!.dependencyPayloads.append((dep, done.payload))
+                    ops[id]!.dependencyPayloads.append(Dependency(id: dep, outcome: .succeeded, payload: done.payload))
                 } else if failedDependency == nil {
                     failedDependency = (dep, done.outcome)
                 }
@@ -254,10 +275,10 @@ struct SchedulerStateMachine<Payload> {
         "dependency \(dep) \(outcome == .cancelled ? "was cancelled" : "failed")"
     }
 
-    private mutating func link(_ id: OpID, after dep: OpID, strict: Bool) {
-        ops[dep]!.dependents.append(Dependent(id: id, strict: strict))
+    private mutating func link(_ id: OpID, after dep: OpID, edge: Edge) {
+        ops[dep]!.dependents.append(Dependent(id: id, edge: edge))
         ops[id]!.waitingOn += 1
-        if strict { ops[id]!.dependencies.append(dep) }
+        if edge != .order { ops[id]!.dependencies.append(dep) }
     }
 
     // MARK: - Dependencies added later
@@ -278,7 +299,7 @@ struct SchedulerStateMachine<Payload> {
                 return .failure(FetchQError(.cycle, "operation \(dep) already waits for \(id): the dependency would create a cycle"))
             }
             if op.dependencies.contains(dep) { return .success([]) }
-            link(id, after: dep, strict: true)
+            link(id, after: dep, edge: .strict)
             if op.state == .ready { unready(id) }
             return .success([])
         }
@@ -288,7 +309,7 @@ struct SchedulerStateMachine<Payload> {
         var actions: [Action] = []
         ops[id]!.dependencies.append(dep)
         if done.outcome == .succeeded {
-            ops[id]!.dependencyPayloads.append((dep, done.payload))
+            ops[id]!.dependencyPayloads.append(Dependency(id: dep, outcome: .succeeded, payload: done.payload))
         } else {
             end(id, .cancelled, .dependency, Self.dependencyMessage(dep, done.outcome), now: now, into: &actions)
             schedule(now: now, into: &actions)
@@ -433,14 +454,16 @@ struct SchedulerStateMachine<Payload> {
             }
             remember(id, Finished(outcome: outcome, payload: outcome == .succeeded ? payload : nil))
             for dependent in op.dependents where ops[dependent.id] != nil {
-                if dependent.strict && outcome != .succeeded {
+                if dependent.edge == .strict && outcome != .succeeded {
                     let message = Self.dependencyMessage(id, outcome)
                     if let removed = markEnded(dependent.id, .cancelled, .dependency, message, into: &actions) {
                         pending.append((dependent.id, removed, .cancelled, nil))
                     }
                     continue
                 }
-                if dependent.strict { ops[dependent.id]!.dependencyPayloads.append((id, payload)) }
+                if dependent.edge != .order {
+                    ops[dependent.id]!.dependencyPayloads.append(Dependency(id: id, outcome: outcome, payload: payload))
+                }
                 ops[dependent.id]!.waitingOn -= 1
                 if ops[dependent.id]!.waitingOn == 0 && ops[dependent.id]!.state == .waiting {
                     makeReady(dependent.id, now: now)

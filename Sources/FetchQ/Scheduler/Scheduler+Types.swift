@@ -30,6 +30,7 @@ public enum FQStatus: Int32, Sendable, CaseIterable {
     case tls = -15
     case redirect = -16
     case noMemory = -17
+    case store = -18
 
     public var description: String { staticDescription.description }
 
@@ -54,6 +55,7 @@ public enum FQStatus: Int32, Sendable, CaseIterable {
         case .tls: "TLS error"
         case .redirect: "too many redirects"
         case .noMemory: "out of memory"
+        case .store: "item store error"
         }
     }
 }

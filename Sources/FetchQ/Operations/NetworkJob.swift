@@ -1,0 +1,240 @@
+import CJansson
+import Glibc
+
+/// A network operation, validated at submit: the HTTP request to send and
+/// how to turn its response into a result.
+public struct NetworkJob: Sendable {
+    public enum Parse: String, Sendable { case auto, json, none }
+
+    var request: HTTPRequest
+    /// host:port, for the per-host limit.
+    var host: String
+    var parse: Parse = .auto
+    /// Statuses that count as success (default 200...299).
+    var accept: [ClosedRange<Int>] = [200...299]
+    var maxJSONDepth: Int
+    /// Progress events every so often, or nil for none.
+    var progressIntervalMs: Int? = nil
+    /// For searches: what to extract and how to sort.
+    var search: SearchJob? = nil
+
+    func accepts(_ status: Int) -> Bool { accept.contains { $0.contains(status) } }
+}
+
+/// A search: the query and the endpoint's pointers.
+struct SearchJob: Sendable {
+    var query: String
+    var results: JSONPointer
+    var id: JSONPointer
+    var sort: JSONPointer?
+    var descending: Bool
+}
+
+extension NetworkJob {
+    /// `fq_submit_request`: `request` holds method, url, headers, query, body;
+    /// `options` the per-operation keys (common ones already read).
+    static func makeRequest(_ json: UnsafePointer<json_t>?, options r: inout OptionReader,
+                        config: EngineConfig) throws(FetchQError) -> NetworkJob {
+        guard json != nil else { throw FetchQError(.invalid, "request: NULL (expected an object with at least \"url\")") }
+        var q = try OptionReader(json, context: "request")
+        let method = try q.string("method") ?? "GET"
+        guard !method.isEmpty, method.utf8.allSatisfy(isTokenByte) else {
+            throw FetchQError(.invalid, "request.method: \"\(method)\" is not an HTTP method token")
+        }
+        guard var url = try q.string("url") else { throw FetchQError(.invalid, "request: \"url\" is required") }
+        var headers: [(name: String, value: String)] = []
+        if let h = q.value("headers") {
+            guard h.pointee.type == JSON_OBJECT else { throw q.typeError("headers", "an object of strings", h) }
+            var iter = json_object_iter(h)
+            while let it = iter {
+                let name = String(cString: json_object_iter_key(it))
+                let v = json_object_iter_value(it)!
+                guard v.pointee.type == JSON_STRING else {
+                    throw FetchQError(.invalid, "request.headers.\(name): expected a string, got \(jsonTypeName(v))")
+                }
+                headers.append((name, jsonString(v)))
+                iter = json_object_iter_next(h, it)
+            }
+        }
+        if let query = q.value("query") {
+            guard query.pointee.type == JSON_OBJECT else { throw q.typeError("query", "an object", query) }
+            var items: [(String, String)] = []
+            var iter = json_object_iter(query)
+            while let it = iter {
+                let name = String(cString: json_object_iter_key(it))
+                let v = json_object_iter_value(it)!
+                let text: String
+                switch v.pointee.type {
+                case JSON_STRING: text = jsonString(v)
+                case JSON_INTEGER: text = String(json_integer_value(v))
+                case JSON_REAL: text = String(json_real_value(v))
+                case JSON_TRUE: text = "true"
+                case JSON_FALSE: text = "false"
+                default:
+                    throw FetchQError(.invalid, "request.query.\(name): expected a string, number or boolean, got \(jsonTypeName(v))")
+                }
+                items.append((name, text))
+                iter = json_object_iter_next(query, it)
+            }
+            if !items.isEmpty {
+                let encoded = URLUtilities.encodeQueryItems(items)
+                let (base, fragment) = splitFragment(url)
+                url = base + (base.contains("?") ? (base.hasSuffix("?") || base.hasSuffix("&") ? "" : "&") : "?") + encoded + fragment
+            }
+        }
+        var body: [UInt8]? = nil
+        if let b = q.value("body") {
+            if b.pointee.type == JSON_STRING {
+                body = Array(jsonString(b).utf8)
+            } else {
+                guard let text = json_dumps(b, Int(JSON_COMPACT | JSON_ENCODE_ANY)) else {
+                    throw FetchQError(.invalid, "request.body: cannot be serialized")
+                }
+                body = Array(String(cString: text).utf8)
+                free(text)
+                if !headers.contains(where: { $0.name.lowercased() == "content-type" }) {
+                    headers.append(("Content-Type", "application/json"))
+                }
+            }
+        }
+        try q.finish()
+        let settings = try NetworkSettings(reading: &r, config: config)
+        var job = try settings.job(url: url, method: method, headers: headers, body: body)
+        if let p = try r.choice("parse", ["auto", "json", "none"]) { job.parse = Parse(rawValue: p)! }
+        if let v = r.value("accept_status") { job.accept += try acceptList(v, r.path("accept_status")) }
+        return job
+    }
+
+    /// `fq_submit_search`: the query goes into the endpoint's URL template.
+    static func makeSearch(_ query: String, options r: inout OptionReader, config: EngineConfig) throws(FetchQError) -> NetworkJob {
+        try SearchTemplate(reading: &r, config: config).job(for: query)
+    }
+}
+
+/// A search's endpoint, pointers and network settings, read once from the
+/// options; `job(for:)` makes the operation for one query.
+struct SearchTemplate: Sendable {
+    var endpoint: SearchEndpoint
+    var results: JSONPointer
+    var id: JSONPointer
+    var sort: JSONPointer?
+    var settings: NetworkSettings
+
+    init(reading r: inout OptionReader, config: EngineConfig) throws(FetchQError) {
+        if var configured = config.search {
+            try configured.override(&r)
+            endpoint = configured
+        } else if r.has("url") {
+            endpoint = try SearchEndpoint(reading: &r)
+        } else {
+            throw FetchQError(.invalid, "no search endpoint: set config \"search\" or option \"url\"")
+        }
+        results = try Self.pointer(endpoint.results, "results")
+        id = try Self.pointer(endpoint.id, "id")
+        sort = try endpoint.sort.map { p throws(FetchQError) in try Self.pointer(p, "sort") }
+        settings = try NetworkSettings(reading: &r, config: config)
+    }
+
+    private static func pointer(_ text: String, _ key: String) throws(FetchQError) -> JSONPointer {
+        do {
+            return try JSONPointer(text)
+        } catch {
+            throw FetchQError(.invalid, "search.\(key): \(error)")
+        }
+    }
+
+    func job(for query: String) throws(FetchQError) -> NetworkJob {
+        let url: String
+        do {
+            url = try URLUtilities.expandTemplate(endpoint.url, query: query)
+        } catch {
+            throw FetchQError(.invalid, "search url: \(error)")
+        }
+        var job = try settings.job(url: url, method: "GET", headers: [], body: nil)
+        job.parse = .json
+        job.search = SearchJob(query: query, results: results, id: id, sort: sort, descending: endpoint.descending)
+        return job
+    }
+}
+
+/// Per-operation network limits and progress, read from the options.
+struct NetworkSettings: Sendable {
+    var limits: NetworkLimits
+    var progressIntervalMs: Int?
+
+    init(reading r: inout OptionReader, config: EngineConfig) throws(FetchQError) {
+        limits = config.network
+        try limits.read(&r)
+        let progress = try r.bool("progress") ?? false
+        let interval = try r.int("progress_interval_ms", in: 0...60_000)
+        if progress || interval != nil { progressIntervalMs = interval ?? 100 }
+    }
+
+    /// Checks the URL and headers and applies the limits.
+    func job(url: String, method: String, headers: [(name: String, value: String)],
+             body: [UInt8]?) throws(FetchQError) -> NetworkJob {
+        guard let host = URLUtilities.hostOf(url: url) else {
+            throw FetchQError(.invalid, "url \"\(url)\": only absolute http:// and https:// URLs with a host are allowed")
+        }
+        for (name, value) in headers {
+            guard !name.isEmpty, name.utf8.allSatisfy(isTokenByte) else {
+                throw FetchQError(.invalid, "header name \"\(name)\" is not a valid HTTP token")
+            }
+            guard !value.utf8.contains(where: { $0 == 13 || $0 == 10 || $0 == 0 }) else {
+                throw FetchQError(.invalid, "header \"\(name)\": the value contains CR, LF or NUL")
+            }
+        }
+        var request = HTTPRequest(method: method, url: url, headers: headers, body: body)
+        request.connectTimeoutMs = limits.connectTimeoutMs
+        request.timeoutMs = limits.timeoutMs
+        request.followRedirects = limits.maxRedirects > 0
+        request.maxRedirects = limits.maxRedirects
+        request.maxResponseBytes = limits.maxResponseBytes
+        request.verifyTLS = limits.verifyTLS
+        request.caFile = limits.caFile
+        request.userAgent = limits.userAgent
+        var job = NetworkJob(request: request, host: host, maxJSONDepth: limits.maxJSONDepth)
+        job.progressIntervalMs = progressIntervalMs
+        job.request.progressIntervalMs = progressIntervalMs ?? 0
+        return job
+    }
+}
+
+extension NetworkJob {
+    /// accept_status: an array of statuses (404) and classes ("4xx").
+    private static func acceptList(_ v: UnsafeMutablePointer<json_t>, _ path: String) throws(FetchQError) -> [ClosedRange<Int>] {
+        guard v.pointee.type == JSON_ARRAY else {
+            throw FetchQError(.invalid, "\(path): expected an array of statuses like 404 or \"4xx\", got \(jsonTypeName(v))")
+        }
+        var ranges: [ClosedRange<Int>] = []
+        for i in 0..<json_array_size(v) {
+            let item = json_array_get(v, i)!
+            if item.pointee.type == JSON_INTEGER, (100...599).contains(json_integer_value(item)) {
+                let s = Int(json_integer_value(item))
+                ranges.append(s...s)
+            } else if item.pointee.type == JSON_STRING,
+                      case let s = jsonString(item), s.count == 3, s.hasSuffix("xx"),
+                      let d = Int(s.prefix(1)), (1...5).contains(d) {
+                ranges.append((d * 100)...(d * 100 + 99))
+            } else {
+                throw FetchQError(.invalid, "\(path)[\(i)]: expected a status 100...599 or a class like \"4xx\"")
+            }
+        }
+        return ranges
+    }
+
+    private static func splitFragment(_ url: String) -> (String, String) {
+        guard let hash = url.firstIndex(of: "#") else { return (url, "") }
+        return (String(url[..<hash]), String(url[hash...]))
+    }
+}
+
+/// RFC 9110 tchar.
+func isTokenByte(_ b: UInt8) -> Bool {
+    switch b {
+    case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "0")...UInt8(ascii: "9"):
+        return true
+    default:
+        return "!#$%&'*+-.^_`|~".utf8.contains(b)
+    }
+}

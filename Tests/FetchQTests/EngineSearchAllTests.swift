@@ -1,0 +1,114 @@
+import CJansson
+@testable import FetchQ
+import Glibc
+import Testing
+
+/// Fan-out searches through the engine against the test server's corpus.
+@Suite(.serialized) struct EngineSearchAllTests {
+    let server: TestServer
+    init() throws { server = try TestServer() }
+
+    var config: String {
+        """
+        {"search": {"url": "\(server.url("/search?q={query}&rpp=500"))", "results": "/results",
+                    "id": "/id", "sort": "/created_at", "order": "desc"}, "max_per_host": 8}
+        """
+    }
+
+    func corpus(tag: String) throws -> [JSONRef] {
+        let (status, body) = try server.get("/corpus?tag=\(tag)")
+        #expect(status == 200)
+        let doc = try JSONParser.parse(body, maxDepth: 64)
+        return (doc.isArray ? doc : doc.at("/items") ?? doc.at("/results"))?.elements ?? []
+    }
+
+    func submitAll(_ engine: Engine, _ queries: [String], options: String? = nil, on queue: Queue,
+                   _ c: Completions) throws -> OpID {
+        let o = options.map { json($0) }
+        return try withExtendedLifetime(o) {
+            try engine.submitSearchAll(queries, to: queue, options: o?.pointer, completion: c.callback)
+        }
+    }
+
+    @Test func mergedDeduplicatedAndSortedAgainstTheCorpus() throws {
+        let tags = ["swift", "c", "python", "json"]
+        // Expected: union of the corpus items of each tag, by id, newest first.
+        var expected: [String: String] = [:]  // id -> created_at
+        for tag in tags {
+            for item in try corpus(tag: tag) {
+                expected[item.at("/id")!.stringValue!] = item.at("/created_at")!.stringValue!
+            }
+        }
+        let overlap = try tags.map { try corpus(tag: $0).count }.reduce(0, +) - expected.count
+        #expect(overlap > 0, "the corpus should make de-duplication matter")
+        try withEngine(config, queue: 2) { engine, queue, c in
+            let id = try submitAll(engine, tags + ["swift"], on: queue, c)
+            let r = try #require(c.wait(id))
+            #expect(r.outcome == .succeeded)
+            let value = try #require(r.value)
+            let items = value.at("/items")?.elements ?? []
+            let ids = items.compactMap { $0.at("/id")?.stringValue }
+            #expect(Set(ids) == Set(expected.keys))
+            #expect(ids.count == expected.count)
+            let dates = items.compactMap { $0.at("/created_at")?.stringValue }
+            #expect(dates == dates.sorted(by: >))
+            #expect(value.at("/count")?.integerValue == Int64(expected.count))
+            for tag in tags {
+                #expect(value.at("/queries/\(tag)/count")?.integerValue == Int64(try corpus(tag: tag).count))
+            }
+            // Only the parent called back; children counted in stats (4 + 1).
+            #expect(c.count == 1)
+            #expect(engine.waitIdle(timeoutMs: 5000) == .ok)
+            #expect(engine.stats().at("/succeeded")?.integerValue == 5)
+        }
+    }
+
+    @Test func partialFailureAndFailFast() throws {
+        try withEngine(config, queue: 2) { engine, queue, c in
+            let partial = try submitAll(engine, ["swift", "__fail", "rust"], on: queue, c)
+            let r = try #require(c.wait(partial))
+            #expect(r.outcome == .succeeded)
+            #expect(r.value?.at("/queries/__fail/http_status")?.integerValue == 500)
+            #expect(r.value?.at("/queries/__fail/status")?.integerValue == Int64(FQStatus.http.rawValue))
+            #expect(r.value?.at("/queries/rust/count")?.integerValue == Int64(try corpus(tag: "rust").count))
+
+            let fast = try submitAll(engine, ["__fail", "__slow", "go"], options: #"{"fail_fast": true}"#, on: queue, c)
+            let f = try #require(c.wait(fast))
+            #expect(f.outcome == .failed)
+            #expect(f.status == .http)
+            #expect(f.message?.contains("__fail") == true)
+        }
+    }
+
+    @Test func cancellingTheParentCancelsEveryChildWithOneCallback() throws {
+        try withEngine(config, queue: 1) { engine, queue, c in
+            queue.setSuspended(true)
+            let id = try submitAll(engine, ["__slow", "swift", "c", "go"], options: #"{"child_events": true}"#, on: queue, c)
+            queue.setSuspended(false)
+            usleep(50_000)  // let the first child start (not an assertion: both paths are checked)
+            try engine.cancel(id)
+            let r = try #require(c.wait(id))
+            #expect(r.outcome == .cancelled)
+            #expect(engine.waitIdle(timeoutMs: 10_000) == .ok)
+            let stats = engine.stats()
+            #expect(stats.at("/cancelled")?.integerValue == 5)
+            #expect(stats.at("/succeeded")?.integerValue == 0)
+            #expect(c.count == 1)
+        }
+    }
+
+    @Test func childEventsArriveBeforeTheParentsCallback() throws {
+        try withEngine(config, queue: 2) { engine, queue, c in
+            let id = try submitAll(engine, ["swift", "c", "__fail"], options: #"{"child_events": true}"#, on: queue, c)
+            let r = try #require(c.wait(id))
+            #expect(r.outcome == .succeeded)
+            let events = c.allEvents.filter { $0.kind == .child && $0.id == id }
+            #expect(Set(events.compactMap(\.query)) == ["swift", "c", "__fail"])
+            #expect(events.first(where: { $0.query == "__fail" })?.child?.status == .http)
+            #expect(events.first(where: { $0.query == "swift" })?.child?.value?.at("/query")?.stringValue == "swift")
+            let log = c.deliveryLog
+            let done = try #require(log.firstIndex(of: "done \(id)"))
+            #expect(log.lastIndex(of: "event \(id)").map { $0 < done } == true)
+        }
+    }
+}
