@@ -58,6 +58,21 @@ import Testing
         #expect(run == [2, 4, 6, 3, 1, 7, 5])
     }
 
+    @Test func qosBreaksTiesWithinAPriorityThenFIFO() {
+        var m = Machine(config: .init(agingNanos: 0, maxPerHost: 6, history: 16))
+        let q = m.addQueue(name: "q", maxConcurrent: 1)
+        _ = m.setSuspended(q, true, now: 0)
+        let plan: [(QoS, Priority)] = [(.background, .normal), (.utility, .normal), (.default, .normal),
+                                       (.userInitiated, .normal), (.userInteractive, .normal), (.default, .normal),
+                                       (.background, .high), (.userInteractive, .low)]
+        let ids = plan.map { submit(&m, q, priority: $0.1, qos: $0.0).0 }
+        var run = started(m.setSuspended(q, false, now: 0))
+        while let last = run.last, run.count < ids.count {
+            run += started(m.finished(last, .succeeded, payload: nil, now: 0))
+        }
+        #expect(run == [7, 5, 4, 3, 6, 2, 1, 8])
+    }
+
     @Test func agingLetsALowPriorityOperationThrough() {
         var m = Machine(config: .init(agingNanos: 1000, maxPerHost: 6, history: 16))
         let q = m.addQueue(name: "q", maxConcurrent: 1)

@@ -447,6 +447,14 @@ public final class Engine: @unchecked Sendable {
             lock.unlock()
             return
         }
+        // A cancel is applied under this lock: if one got in before the end
+        // was booked, the operation ends cancelled, so that a cancel that
+        // returned FQ_OK always means FQ_CANCELLED.
+        var result = result
+        if op.isCancelled && result.outcome != .cancelled {
+            result = OperationResult(id: op.id, outcome: .cancelled, status: .cancelled,
+                                     message: "operation \(op.id) was cancelled", value: nil, http: result.http)
+        }
         let actions = machine.finished(op.id, result.outcome, payload: result, now: monotonicNanos())
         live[op.id] = nil
         var work: [Work] = []

@@ -106,9 +106,11 @@ struct SchedulerStateMachine<Payload> {
         }
     }
 
-    /// Ready operations of one queue for one host, one FIFO per level.
+    /// Ready operations of one queue for one host: one FIFO per
+    /// (priority level, QoS), so equal priorities go by QoS, then by age.
     struct Lane {
-        var levels = [Ring<OpID>](repeating: Ring(), count: 5)
+        var rings = [Ring<OpID>](repeating: Ring(), count: 25)
+        static func slot(level: Int, qos: Int) -> Int { level * 5 + qos }
     }
 
     struct Queue {
@@ -344,7 +346,7 @@ struct SchedulerStateMachine<Payload> {
         ops[id]!.level = priority.level
         if op.state == .ready {
             // The old ring entry goes stale (its level no longer matches).
-            queues[op.queue]!.lanes[op.host ?? "", default: Lane()].levels[priority.level].append(id)
+            queues[op.queue]!.lanes[op.host ?? "", default: Lane()].rings[Lane.slot(level: priority.level, qos: op.qos)].append(id)
         }
         var actions: [Action] = []
         schedule(now: now, into: &actions)
@@ -489,7 +491,7 @@ struct SchedulerStateMachine<Payload> {
         ops[id]!.state = .ready
         ops[id]!.readySince = now
         queues[op.queue]!.readyCount += 1
-        queues[op.queue]!.lanes[op.host ?? "", default: Lane()].levels[op.level].append(id)
+        queues[op.queue]!.lanes[op.host ?? "", default: Lane()].rings[Lane.slot(level: op.level, qos: op.qos)].append(id)
     }
 
     private mutating func unready(_ id: OpID) {
@@ -502,7 +504,7 @@ struct SchedulerStateMachine<Payload> {
         var id: OpID
         var queue: QueueID
         var host: String
-        var level: Int
+        var slot: Int
         var effective: UInt64
         var qos: Int
         var seq: UInt64
@@ -531,16 +533,17 @@ struct SchedulerStateMachine<Payload> {
         var best: Candidate? = nil
         let hosts = Array(queues[queueID]!.lanes.keys)  // a copy: the lanes are mutated below
         for host in hosts where hasCapacity(host) {
-            for level in 0..<5 {
+            for slot in 0..<25 {
+                let level = slot / 5
                 var head: OpID? = nil
-                while let id = queues[queueID]!.lanes[host]!.levels[level].first {
+                while let id = queues[queueID]!.lanes[host]!.rings[slot].first {
                     if let op = ops[id], op.state == .ready, op.level == level { head = id; break }
-                    queues[queueID]!.lanes[host]!.levels[level].removeFirst()
+                    queues[queueID]!.lanes[host]!.rings[slot].removeFirst()
                 }
                 guard let id = head, let op = ops[id] else { continue }
                 let waited = now > op.readySince ? now - op.readySince : 0
                 let boost = config.agingNanos == 0 ? 0 : waited / config.agingNanos
-                let candidate = Candidate(id: id, queue: queueID, host: host, level: level,
+                let candidate = Candidate(id: id, queue: queueID, host: host, slot: slot,
                                           effective: UInt64(level) &+ boost, qos: op.qos, seq: op.seq)
                 if best == nil || candidate.beatsInQueue(best!) { best = candidate }
             }
@@ -563,8 +566,8 @@ struct SchedulerStateMachine<Payload> {
                 }
             }
             guard let chosen = best else { return }
-            queues[chosen.queue]!.lanes[chosen.host]!.levels[chosen.level].removeFirst()
-            if queues[chosen.queue]!.lanes[chosen.host]!.levels.allSatisfy(\.isEmpty) {
+            queues[chosen.queue]!.lanes[chosen.host]!.rings[chosen.slot].removeFirst()
+            if queues[chosen.queue]!.lanes[chosen.host]!.rings.allSatisfy(\.isEmpty) {
                 queues[chosen.queue]!.lanes[chosen.host] = nil
             }
             var op = ops[chosen.id]!
