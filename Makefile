@@ -59,5 +59,9 @@ test-c: $(BUILD)/tests/c_harness
 test-exports: lib
 	bash Tests/c/check_exports.sh $(BUILD)/lib/libfetchq.so include/fetchq.h
 
+# The main job: a local demo search server, searches on a queue, results.
+demo: lib
+	bash tools/demo.sh
+
 clean:
 	rm -rf $(BUILD) .build
