@@ -109,6 +109,7 @@ typedef struct fq_queue fq_queue;   /* ordering + max concurrency; many per engi
 typedef struct fq_op fq_op;         /* an operation seen from inside its own body */
 typedef struct fq_result fq_result; /* an operation's outcome, seen in its callback */
 typedef struct fq_event fq_event;   /* a progress event, seen in an event callback */
+typedef struct fq_store fq_store;   /* an item store (SQLite file) */
 
 /* Operation ids are > 0 and never reused by an engine. A submit that fails
  * returns the negative fq_status instead. */
@@ -309,7 +310,13 @@ fq_op_id fq_submit_request(fq_queue *queue, const json_t *request, const json_t 
  * the key last). The value is {"query": q, "items": [...], "count": N}.
  * Options may override any "search" key ("url", "results", "id", "sort",
  * "order"); without an engine "search" config, "url" is required. A results
- * pointer that selects nothing or a non-array is FQ_ERR_PARSE. */
+ * pointer that selects nothing or a non-array is FQ_ERR_PARSE.
+ * Option "store": {"path": FILE, "collection": NAME, "merge": "overwrite"
+ * (default: server data wins) | "keep-local" (stored items are kept, new ids
+ * inserted)} upserts the extracted items by their "id" into the item store
+ * (see fq_store_open), in one transaction per response, after parsing; the
+ * value then also has "store": {"inserted", "updated", "unchanged",
+ * "skipped" (items without an id)}. A store failure is FQ_ERR_STORE. */
 fq_op_id fq_submit_search(fq_queue *queue, const char *query, const json_t *options,
                           fq_completion_fn done, void *userdata);
 
@@ -445,6 +452,41 @@ const char *fq_result_error(const fq_result *result);
  * valid during the callback (json_incref it to keep it). NULL if none. */
 json_t *fq_result_value(const fq_result *result);
 
+
+/* ------------------------------------------------------------------ */
+/* Item store                                                           */
+/* ------------------------------------------------------------------ */
+/* A SQLite file of JSON items keyed by (collection, id), the same one the
+ * search option "store" writes. WAL journal, synchronous=FULL: a crash never
+ * loses a committed response. Ids are compared as JSON values ("1" and 1
+ * differ). One store object per file is shared inside the process; every
+ * function is safe from any thread. */
+
+/* Opens (creating if needed) the store at `path`. NULL on error, with a
+ * message in errbuf (if not NULL) and fq_last_error(). */
+fq_store *fq_store_open(const char *path, char *errbuf, size_t errlen);
+
+/* Releases the handle. NULL is a no-op. */
+void fq_store_free(fq_store *store);
+
+/* Every item of `collection` as a NEW array reference, sorted by the JSON
+ * Pointer `sort` (NULL: by id) ascending or descending (same order rules as
+ * searches). NULL on error (fq_last_error()). */
+json_t *fq_store_items(fq_store *store, const char *collection, const char *sort, bool descending);
+
+/* The item whose id is the JSON string `id`. *item gets a NEW reference, or
+ * NULL when there is none (FQ_OK either way). */
+int fq_store_get(fq_store *store, const char *collection, const char *id, json_t **item);
+
+/* How many items `collection` holds (>= 0), or a negative status. */
+int64_t fq_store_count(fq_store *store, const char *collection);
+
+/* Upserts an array of objects (BORROWED) by the id at the JSON Pointer
+ * `id_pointer`, in one transaction (all or nothing). `merge` is "overwrite"
+ * or "keep-local" (NULL: overwrite). If `report` is not NULL it gets a NEW
+ * {"inserted", "updated", "unchanged", "skipped"} object. */
+int fq_store_upsert(fq_store *store, const char *collection, const json_t *items,
+                    const char *id_pointer, const char *merge, json_t **report);
 
 /* Network operations; other operations give 0 / NULL. All BORROWED: valid
  * during the callback. */

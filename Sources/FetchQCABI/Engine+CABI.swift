@@ -26,12 +26,7 @@ public func fq_engine_new(_ config: UnsafePointer<json_t>?, _ errbuf: UnsafeMuta
         return OpaquePointer(Unmanaged.passRetained(engine).toOpaque())
     } catch {
         _ = fail(error)
-        if let errbuf, errlen > 0 {
-            // Like strlcpy: the full message stays available from fq_last_error().
-            let bytes = Array(error.message.utf8.prefix(errlen - 1))
-            for (i, b) in bytes.enumerated() { errbuf[i] = CChar(bitPattern: b) }
-            errbuf[bytes.count] = 0
-        }
+        copyMessage(error.message, into: errbuf, errlen)
         return nil
     }
 }

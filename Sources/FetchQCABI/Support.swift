@@ -48,3 +48,12 @@ func result(_ handle: OpaquePointer?) -> OperationResult? {
 }
 
 let nullHandle = FetchQError(.invalid, "NULL handle")
+
+/// Copies a message into a caller's error buffer, like strlcpy (the full
+/// message stays available from fq_last_error()).
+func copyMessage(_ message: String, into errbuf: UnsafeMutablePointer<CChar>?, _ errlen: Int) {
+    guard let errbuf, errlen > 0 else { return }
+    let bytes = Array(message.utf8.prefix(errlen - 1))
+    for (i, b) in bytes.enumerated() { errbuf[i] = CChar(bitPattern: b) }
+    errbuf[bytes.count] = 0
+}

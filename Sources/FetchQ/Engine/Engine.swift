@@ -22,6 +22,8 @@ public final class Engine: @unchecked Sendable {
     private var outstandingTotal = 0
     private var shuttingDown = false
     private var eventHandler: EventHandler?
+    /// Item stores used by searches, kept open (ItemStore.shared holds them weakly).
+    private var stores: [String: ItemStore] = [:]
     /// Created with the first network operation.
     private var transport: CurlTransport?
     private var workers: WorkerPool!
@@ -125,7 +127,7 @@ public final class Engine: @unchecked Sendable {
                              completion: Completion?) throws(FetchQError) -> OpID {
         var reader = try OptionReader(options, context: "options")
         let common = try CommonOptions(reading: &reader, config: config)
-        let job = try NetworkJob.makeSearch(query, options: &reader, config: config)
+        let job = try NetworkJob.makeSearch(query, options: &reader, config: config, openStore: store(path:))
         try reader.finish()
         return try enqueue(.network(job), queue: queue.id, common: common, host: job.host, completion: completion)
     }
@@ -140,7 +142,7 @@ public final class Engine: @unchecked Sendable {
         let common = try CommonOptions(reading: &reader, config: config)
         let failFast = try reader.bool("fail_fast") ?? false
         let childEvents = try reader.bool("child_events") ?? false
-        let template = try SearchTemplate(reading: &reader, config: config)
+        let template = try SearchTemplate(reading: &reader, config: config, openStore: store(path:))
         try reader.finish()
         guard !common.barrier else { throw FetchQError(.invalid, "options.barrier: not supported for search-all") }
         var unique: [String] = []
@@ -201,6 +203,13 @@ public final class Engine: @unchecked Sendable {
         execute(work)
         if common.maxWaitMs > 0 { timer.kick() }
         return parentID
+    }
+
+    /// The item store at `path`, opened once and kept for the engine's life.
+    func store(path: String) throws(FetchQError) -> ItemStore {
+        let store = try ItemStore.shared(path: path)
+        lock.withLock { stores[store.path] = store }
+        return store
     }
 
     /// Receives progress events of operations submitted with "progress".

@@ -61,6 +61,17 @@ extension NetworkJob {
                     return OperationResult(id: id, outcome: .failed, status: .parse,
                                            message: "search \"\(search.query)\": \(error)", value: nil, http: info)
                 }
+                if let target = search.store, let items = value.flatMap({ SearchAllFamily.itemsPointer.resolve(in: $0) }) {
+                    do {
+                        let report = try target.store.upsert(collection: target.collection, items: items,
+                                                             idPointer: search.id, merge: target.merge)
+                        value?.set("store", report.json())
+                    } catch {
+                        return OperationResult(id: id, outcome: .failed, status: error.status,
+                                               message: "search \"\(search.query)\": storing into \(target.store.path): \(error.message)",
+                                               value: value, http: info)
+                    }
+                }
             }
             return OperationResult(id: id, outcome: .succeeded, status: .ok, message: nil, value: value, http: info)
         }

@@ -28,6 +28,27 @@ struct SearchJob: Sendable {
     var id: JSONPointer
     var sort: JSONPointer?
     var descending: Bool
+    var store: StoreTarget? = nil
+}
+
+/// Search option "store": where extracted items are upserted by id.
+struct StoreTarget: Sendable {
+    var store: ItemStore
+    var collection: String
+    var merge: ItemStore.Merge
+
+    init(reading r: inout OptionReader, open: (String) throws(FetchQError) -> ItemStore) throws(FetchQError) {
+        guard let path = try r.string("path"), !path.isEmpty else {
+            throw FetchQError(.invalid, "\(r.context): \"path\" (the SQLite file) is required")
+        }
+        guard let collection = try r.string("collection"), !collection.isEmpty else {
+            throw FetchQError(.invalid, "\(r.context): \"collection\" is required")
+        }
+        self.collection = collection
+        merge = ItemStore.Merge(rawValue: try r.choice("merge", ItemStore.Merge.allCases.map(\.rawValue)) ?? "overwrite")!
+        try r.finish()
+        store = try open(path)
+    }
 }
 
 extension NetworkJob {
@@ -106,8 +127,9 @@ extension NetworkJob {
     }
 
     /// `fq_submit_search`: the query goes into the endpoint's URL template.
-    static func makeSearch(_ query: String, options r: inout OptionReader, config: EngineConfig) throws(FetchQError) -> NetworkJob {
-        try SearchTemplate(reading: &r, config: config).job(for: query)
+    static func makeSearch(_ query: String, options r: inout OptionReader, config: EngineConfig,
+                           openStore: (String) throws(FetchQError) -> ItemStore) throws(FetchQError) -> NetworkJob {
+        try SearchTemplate(reading: &r, config: config, openStore: openStore).job(for: query)
     }
 }
 
@@ -119,8 +141,10 @@ struct SearchTemplate: Sendable {
     var id: JSONPointer
     var sort: JSONPointer?
     var settings: NetworkSettings
+    var store: StoreTarget?
 
-    init(reading r: inout OptionReader, config: EngineConfig) throws(FetchQError) {
+    init(reading r: inout OptionReader, config: EngineConfig,
+         openStore: (String) throws(FetchQError) -> ItemStore) throws(FetchQError) {
         if var configured = config.search {
             try configured.override(&r)
             endpoint = configured
@@ -133,6 +157,7 @@ struct SearchTemplate: Sendable {
         id = try Self.pointer(endpoint.id, "id")
         sort = try endpoint.sort.map { p throws(FetchQError) in try Self.pointer(p, "sort") }
         settings = try NetworkSettings(reading: &r, config: config)
+        if var s = try r.object("store") { store = try StoreTarget(reading: &s, open: openStore) }
     }
 
     private static func pointer(_ text: String, _ key: String) throws(FetchQError) -> JSONPointer {
@@ -152,7 +177,8 @@ struct SearchTemplate: Sendable {
         }
         var job = try settings.job(url: url, method: "GET", headers: [], body: nil)
         job.parse = .json
-        job.search = SearchJob(query: query, results: results, id: id, sort: sort, descending: endpoint.descending)
+        job.search = SearchJob(query: query, results: results, id: id, sort: sort, descending: endpoint.descending,
+                               store: store)
         return job
     }
 }

@@ -1,0 +1,109 @@
+import CJansson
+@testable import FetchQ
+import Glibc
+import Testing
+
+/// Searches that upsert into the item store, end to end.
+@Suite(.serialized) struct EngineStoreTests {
+    let server: TestServer
+    let directory: String
+
+    init() throws {
+        server = try TestServer()
+        var template = Array("/tmp/fetchq-store-XXXXXX".utf8CString)
+        let made = template.withUnsafeMutableBufferPointer { mkdtemp($0.baseAddress!) }
+        directory = String(cString: try #require(made))
+    }
+
+    func cleanUp() {
+        for suffix in ["", "-wal", "-shm"] {
+            for name in ["a.db", "b.db", "c.db"] { unlink(directory + "/" + name + suffix) }
+        }
+        rmdir(directory)
+    }
+
+    var config: String {
+        """
+        {"search": {"url": "\(server.url("/search?q={query}&rpp=500"))", "results": "/results",
+                    "id": "/id", "sort": "/created_at", "order": "desc"}, "max_per_host": 8}
+        """
+    }
+
+    func corpusIDs(tag: String) throws -> Set<String> {
+        let (_, body) = try server.get("/corpus?tag=\(tag)")
+        let doc = try JSONParser.parse(body, maxDepth: 64)
+        let items = (doc.isArray ? doc : doc.at("/items") ?? doc.at("/results"))?.elements ?? []
+        return Set(items.compactMap { $0.at("/id")?.stringValue })
+    }
+
+    @Test func searchUpsertsWithBothMergePolicies() throws {
+        defer { cleanUp() }
+        let path = directory + "/a.db"
+        let expected = try corpusIDs(tag: "swift")
+        try withEngine(config) { engine, queue, c in
+            let first = try engine.search("swift", options: #"{"store": {"path": "\#(path)", "collection": "posts"}}"#, on: queue, c)
+            let r1 = try #require(c.wait(first))
+            #expect(r1.outcome == .succeeded)
+            #expect(r1.value?.at("/store/inserted")?.integerValue == Int64(expected.count))
+            #expect(r1.value?.at("/store/updated")?.integerValue == 0)
+
+            // Change two stored items locally, then search again with each policy.
+            let store = try ItemStore.shared(path: path)
+            let someIDs = Array(expected.sorted().prefix(2))
+            let local = json("[" + someIDs.map { #"{"id": "\#($0)", "text": "edited locally"}"# }.joined(separator: ",") + "]")
+            _ = try store.upsert(collection: "posts", items: local, idPointer: try JSONPointer("/id"), merge: .overwrite)
+
+            let keep = try engine.search("swift", options: #"{"store": {"path": "\#(path)", "collection": "posts", "merge": "keep-local"}}"#, on: queue, c)
+            let rk = try #require(c.wait(keep))
+            #expect(rk.value?.at("/store/inserted")?.integerValue == 0)
+            #expect(rk.value?.at("/store/unchanged")?.integerValue == Int64(expected.count))
+            #expect(try store.item(collection: "posts", id: someIDs[0])?.at("/text")?.stringValue == "edited locally")
+
+            let over = try engine.search("swift", options: #"{"store": {"path": "\#(path)", "collection": "posts", "merge": "overwrite"}}"#, on: queue, c)
+            let ro = try #require(c.wait(over))
+            #expect(ro.value?.at("/store/updated")?.integerValue == 2)
+            #expect(ro.value?.at("/store/unchanged")?.integerValue == Int64(expected.count - 2))
+            #expect(try store.item(collection: "posts", id: someIDs[0])?.at("/text")?.stringValue != "edited locally")
+            #expect(try store.count(collection: "posts") == expected.count)
+        }
+    }
+
+    @Test func fiftyConcurrentSearchesLoseNothing() throws {
+        defer { cleanUp() }
+        let path = directory + "/b.db"
+        let tags = ["swift", "c", "python", "rust", "go", "json", "http", "queue"]
+        var union = Set<String>()
+        for tag in tags { union.formUnion(try corpusIDs(tag: tag)) }
+        try withEngine(config, queue: 16) { engine, queue, c in
+            var ids: [OpID] = []
+            for i in 0..<50 {
+                ids.append(try engine.search(tags[i % tags.count],
+                                             options: #"{"store": {"path": "\#(path)", "collection": "posts"}}"#, on: queue, c))
+            }
+            let results = try #require(c.waitAll(ids))
+            #expect(results.allSatisfy { $0.outcome == .succeeded })
+            let inserted = results.compactMap { $0.value?.at("/store/inserted")?.integerValue }.reduce(0, +)
+            #expect(inserted == Int64(union.count))
+        }
+        // A fresh connection to the file sees exactly the corpus.
+        let reopened = try ItemStore(path: path)
+        #expect(try reopened.count(collection: "posts") == union.count)
+        let stored = try reopened.items(collection: "posts").elements.compactMap { $0.at("/id")?.stringValue }
+        #expect(Set(stored) == union)
+        reopened.close()
+    }
+
+    @Test func badStoreOptionsFailAtSubmit() throws {
+        defer { cleanUp() }
+        try withEngine(config) { engine, queue, c in
+            for options in [#"{"store": {"collection": "x"}}"#,
+                            #"{"store": {"path": "\#(directory)/c.db"}}"#,
+                            #"{"store": {"path": "\#(directory)/c.db", "collection": "x", "merge": "mine"}}"#,
+                            #"{"store": {"path": "\#(directory)/c.db", "collection": "x", "extra": 1}}"#,
+                            #"{"store": {"path": "/nonexistent-dir/x.db", "collection": "x"}}"#] {
+                #expect(throws: FetchQError.self, "\(options)") { _ = try engine.search("swift", options: options, on: queue, c) }
+            }
+            #expect(c.count == 0)
+        }
+    }
+}
