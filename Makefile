@@ -44,7 +44,26 @@ lib: deps
 	@sed -e 's|@PREFIX@|$(BUILD)|' -e 's|@VERSION@|$(VERSION)|' tools/fetchq.pc.in > $(BUILD)/lib/pkgconfig/fetchq.pc
 	@if ldd $(BUILD)/lib/libfetchq.so | grep -i swift; then echo "error: libfetchq.so links a Swift runtime library" >&2; exit 1; fi
 
-test: lib test-exports test-c test-swift
+# Every suite; each prints its own summary. Runs them all even if one fails,
+# then fails if any did.
+TEST_SUITES := test-exports test-c test-swift test-support $(if $(wildcard bindings/python/tests),test-python) \
+	$(if $(wildcard tools/run-examples.sh),test-examples)
+test: lib
+	@failed=""; for t in $(TEST_SUITES); do \
+		echo "==> make $$t"; $(MAKE) --no-print-directory $$t || failed="$$failed $$t"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "FAILED:$$failed"; exit 1; fi; echo "all test suites passed"
+
+# The shared test server's own tests.
+test-support:
+	python3 -B -m pytest -q -p no:cacheprovider Tests/support/test_testserver.py
+
+test-python: lib
+	cp -P $(BUILD)/lib/libfetchq.so* bindings/python/fetchq/
+	cd bindings/python && FETCHQ_LIBRARY=$(BUILD)/lib/$(SONAME) python3 -B -m pytest -q -p no:cacheprovider tests
+
+test-examples: lib
+	bash tools/run-examples.sh
 
 test-swift: deps
 	$(SWIFT) test
