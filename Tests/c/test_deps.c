@@ -1,0 +1,329 @@
+/* Dependencies: ordering across queues, data passing, failure propagation,
+ * cycles, unknown ids, history. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fqt.h"
+
+static json_t *body_n1(fq_op *op, void *userdata) {
+    rec *r = userdata;
+    (void)op;
+    atomic_fetch_add(&r->body_runs, 1);
+    atomic_store(&r->start_seq, fqt_seq());
+    json_t *v = json_pack("{s:i}", "n", 1);
+    atomic_store(&r->end_seq, fqt_seq());
+    return v;
+}
+
+/* Reads dependency r->dep's {"n": k} and returns {"n": k + 1}; records in
+ * r->tag what it saw (-1: no value). Also checks that a non-dependency gives
+ * NULL. */
+static json_t *body_n_plus_1(fq_op *op, void *userdata) {
+    rec *r = userdata;
+    atomic_fetch_add(&r->body_runs, 1);
+    atomic_store(&r->start_seq, fqt_seq());
+    json_t *d = fq_op_dependency_result(op, r->dep);
+    json_t *n = json_object_get(d, "n");
+    if (!json_is_integer(n)) {
+        r->tag = -1;
+        fq_op_set_error(op, "dependency result missing");
+        return NULL;
+    }
+    r->tag = (int)json_integer_value(n);
+    if (fq_op_dependency_result(op, fq_op_get_id(op)) != NULL)
+        FAILF("fq_op_dependency_result(op, own id) is not NULL");
+    if (fq_op_dependency_result(op, 987654321) != NULL)
+        FAILF("fq_op_dependency_result(op, unknown id) is not NULL");
+    json_t *v = json_pack("{s:I}", "n", (json_int_t)(r->tag + 1));
+    atomic_store(&r->end_seq, fqt_seq());
+    return v;
+}
+
+static json_t *body_fail_boom(fq_op *op, void *userdata) {
+    rec *r = userdata;
+    atomic_fetch_add(&r->body_runs, 1);
+    CHECK_OK(fq_op_set_error(op, "boom"));
+    return json_pack("{s:s}", "discarded", "yes"); /* discarded: it failed */
+}
+
+static char *deps_opts(fq_op_id a, fq_op_id b) {
+    static char buf[128];
+    if (b > 0)
+        snprintf(buf, sizeof buf, "{\"depends_on\": [%lld, %lld]}", (long long)a, (long long)b);
+    else
+        snprintf(buf, sizeof buf, "{\"depends_on\": [%lld]}", (long long)a);
+    return buf;
+}
+
+TEST(dependencies_pass_data_across_queues) {
+    fq_engine *e = fqt_engine(NULL);
+    fq_queue *q1 = fqt_queue(e, "q1", 2);
+    fq_queue *q2 = fqt_queue(e, "q2", 2);
+    CHECK_OK(fq_queue_set_suspended(q1, true)); /* B and C must really wait */
+    rec a = {0}, b = {0}, c = {0};
+    fq_op_id ida = fqt_block(q1, body_n1, NULL, rec_done, &a);
+    REQUIRE(ida > 0);
+    b.dep = ida;
+    fq_op_id idb = fqt_block(q1, body_n_plus_1, deps_opts(ida, 0), rec_done, &b);
+    REQUIRE(idb > 0);
+    c.dep = idb;
+    fq_op_id idc = fqt_block(q2, body_n_plus_1, deps_opts(idb, 0), rec_done, &c);
+    REQUIRE(idc > 0);
+    CHECK(ida != idb && idb != idc && ida != idc);
+    /* q2 runs, but C waits for B in the suspended q1 */
+    CHECK_EQ_INT(fq_queue_wait(q2, 100), FQ_ERR_TIMEOUT);
+    CHECK_EQ_INT(atomic_load(&c.body_runs), 0);
+    CHECK_EQ_INT(fqt_qstat(e, "q2", "queued", -1), 1);
+    CHECK_OK(fq_queue_set_suspended(q1, false));
+    CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));
+
+    CHECK_EQ_INT(a.outcome, FQ_SUCCEEDED);
+    CHECK_EQ_INT(b.outcome, FQ_SUCCEEDED);
+    CHECK_EQ_INT(c.outcome, FQ_SUCCEEDED);
+    CHECK_EQ_INT(a.id, ida);
+    CHECK_EQ_INT(b.id, idb);
+    CHECK_EQ_INT(c.id, idc);
+    CHECK_EQ_INT(fqt_int(a.value, "n", -1), 1);
+    CHECK_EQ_INT(b.tag, 1);
+    CHECK_EQ_INT(fqt_int(b.value, "n", -1), 2);
+    CHECK_EQ_INT(c.tag, 2);
+    CHECK_EQ_INT(fqt_int(c.value, "n", -1), 3);
+    CHECK(atomic_load(&b.start_seq) > atomic_load(&a.end_seq));
+    CHECK(atomic_load(&c.start_seq) > atomic_load(&b.end_seq));
+    /* the values kept with json_incref in the callback outlive it */
+    CHECK(json_is_object(a.value) && a.value->refcount >= 1);
+
+    /* depends_on an op that already finished (still in history): runs, sees
+     * its value */
+    rec d = {0};
+    d.dep = idc;
+    fq_op_id idd = fqt_block(q2, body_n_plus_1, deps_opts(idc, ida), rec_done, &d);
+    REQUIRE(idd > 0);
+    CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));
+    CHECK_EQ_INT(d.outcome, FQ_SUCCEEDED);
+    CHECK_EQ_INT(fqt_int(d.value, "n", -1), 4);
+    rec_clear(&a);
+    rec_clear(&b);
+    rec_clear(&c);
+    rec_clear(&d);
+    fqt_engine_free(e);
+}
+
+TEST(failed_dependency_cancels_dependents) {
+    fq_engine *e = fqt_engine(NULL);
+    fq_queue *q1 = fqt_queue(e, "q1", 2);
+    fq_queue *q2 = fqt_queue(e, "q2", 2);
+    CHECK_OK(fq_queue_set_suspended(q1, true));
+    rec f = {0}, ok = {0}, d = {0}, dd = {0}, both = {0};
+    fq_op_id idf = fqt_block(q1, body_fail_boom, NULL, rec_done, &f);
+    fq_op_id idok = fqt_block(q1, body_n1, NULL, rec_done, &ok);
+    REQUIRE(idf > 0 && idok > 0);
+    fq_op_id idd = fqt_block(q2, body_tag, deps_opts(idf, 0), rec_done, &d);
+    REQUIRE(idd > 0);
+    fq_op_id iddd = fqt_block(q2, body_tag, deps_opts(idd, 0), rec_done, &dd);
+    REQUIRE(iddd > 0);
+    fq_op_id idboth = fqt_block(q2, body_tag, deps_opts(idok, idf), rec_done, &both);
+    REQUIRE(idboth > 0);
+    CHECK_OK(fq_queue_set_suspended(q1, false));
+    CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));
+
+    CHECK_EQ_INT(f.outcome, FQ_FAILED);
+    CHECK_EQ_INT(f.status, FQ_ERR_OPERATION);
+    CHECK_STR(f.error, "boom");
+    CHECK(f.value == NULL); /* set_error discards the returned value */
+    CHECK_EQ_INT(ok.outcome, FQ_SUCCEEDED);
+    rec *dependents[] = {&d, &dd, &both};
+    fq_op_id named[] = {idf, idd, idf};
+    for (int i = 0; i < 3; i++) {
+        rec *r = dependents[i];
+        CHECK_EQ_INT(atomic_load(&r->calls), 1);
+        CHECK_EQ_INT(atomic_load(&r->body_runs), 0);
+        CHECK_EQ_INT(r->outcome, FQ_CANCELLED);
+        CHECK_EQ_INT(r->status, FQ_ERR_DEPENDENCY);
+        if (!fqt_names_id(r->error, named[i]))
+            FAILF("dependent %d: error \"%s\" does not name dependency %lld", i, r->error,
+                  (long long)named[i]);
+    }
+
+    /* depending on the failed op after the fact: accepted, then cancelled */
+    rec late = {0};
+    fq_op_id idlate = fqt_block(q2, body_tag, deps_opts(idf, 0), rec_done, &late);
+    REQUIRE(idlate > 0);
+    CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));
+    CHECK_EQ_INT(late.outcome, FQ_CANCELLED);
+    CHECK_EQ_INT(late.status, FQ_ERR_DEPENDENCY);
+    CHECK(fqt_names_id(late.error, idf));
+    CHECK_EQ_INT(atomic_load(&late.body_runs), 0);
+
+    /* a cancelled dependency also cancels its dependents */
+    CHECK_OK(fq_queue_set_suspended(q1, true));
+    rec g = {0}, h = {0};
+    fq_op_id idg = fqt_block(q1, body_tag, NULL, rec_done, &g);
+    REQUIRE(idg > 0);
+    fq_op_id idh = fqt_block(q2, body_tag, deps_opts(idg, 0), rec_done, &h);
+    REQUIRE(idh > 0);
+    CHECK_OK(fq_cancel(e, idg));
+    CHECK_OK(fq_queue_set_suspended(q1, false));
+    CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));
+    CHECK_EQ_INT(g.outcome, FQ_CANCELLED);
+    CHECK_EQ_INT(g.status, FQ_ERR_CANCELLED);
+    CHECK_EQ_INT(h.outcome, FQ_CANCELLED);
+    CHECK_EQ_INT(h.status, FQ_ERR_DEPENDENCY);
+    CHECK(fqt_names_id(h.error, idg));
+    CHECK_EQ_INT(atomic_load(&g.body_runs) + atomic_load(&h.body_runs), 0);
+
+    json_t *s = fq_engine_stats(e);
+    CHECK_EQ_INT(fqt_int(s, "submitted", -1), 8);
+    CHECK_EQ_INT(fqt_int(s, "succeeded", -1), 1);
+    CHECK_EQ_INT(fqt_int(s, "failed", -1), 1);
+    CHECK_EQ_INT(fqt_int(s, "cancelled", -1), 6);
+    json_decref(s);
+    rec *all[] = {&f, &ok, &d, &dd, &both, &late, &g, &h};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) {
+        CHECK_EQ_INT(atomic_load(&all[i]->calls), 1);
+        rec_clear(all[i]);
+    }
+    fqt_engine_free(e);
+}
+
+TEST(dependency_cycles_and_unknown_ids) {
+    fq_engine *e = fqt_engine(NULL);
+    fq_queue *q = fqt_queue(e, "q", 1);
+    fq_queue *q2 = fqt_queue(e, "q2", 1);
+    CHECK_OK(fq_queue_set_suspended(q, true));
+    CHECK_OK(fq_queue_set_suspended(q2, true));
+    rec ra = {0}, rb = {0}, rc = {0};
+    ra.tag = 1;
+    rb.tag = 2;
+    rc.tag = 3;
+    fq_op_id a = fqt_block(q, body_tag, NULL, rec_done, &ra);
+    fq_op_id b = fqt_block(q, body_tag, NULL, rec_done, &rb);
+    fq_op_id c = fqt_block(q2, body_tag, NULL, rec_done, &rc);
+    REQUIRE(a > 0 && b > 0 && c > 0);
+
+    CHECK_OK(fq_add_dependency(e, a, b));                 /* a waits for b */
+    CHECK_EQ_INT(fq_add_dependency(e, b, a), FQ_ERR_CYCLE);
+    CHECK(fq_last_error()[0] != '\0');
+    CHECK_EQ_INT(fq_add_dependency(e, a, a), FQ_ERR_CYCLE);
+    CHECK_OK(fq_add_dependency(e, b, c));                 /* b waits for c (other queue) */
+    CHECK_EQ_INT(fq_add_dependency(e, c, a), FQ_ERR_CYCLE); /* a -> b -> c -> a */
+    CHECK_EQ_INT(fq_add_dependency(e, a, 987654321), FQ_ERR_NOT_FOUND);
+    CHECK_EQ_INT(fq_add_dependency(e, 987654321, a), FQ_ERR_NOT_FOUND);
+
+    /* depends_on with an unknown id: the submit fails, no callback ever */
+    rec bad = {0};
+    char opts[96];
+    snprintf(opts, sizeof opts, "{\"depends_on\": [%lld, 987654321]}", (long long)a);
+    fq_op_id idbad = fqt_block(q, body_tag, opts, rec_done, &bad);
+    CHECK_EQ_INT(idbad, FQ_ERR_NOT_FOUND);
+    CHECK(fq_last_error()[0] != '\0');
+    rec bad2 = {0};
+    CHECK_EQ_INT(fqt_async(q, body_async_capture, "{\"depends_on\": [987654321]}", rec_done,
+                           &bad2),
+                 FQ_ERR_NOT_FOUND);
+
+    /* release: c, then b, then a must run in that order */
+    CHECK_OK(fq_queue_set_suspended(q, false));
+    CHECK_EQ_INT(fq_queue_wait(q, 100), FQ_ERR_TIMEOUT); /* b waits for c */
+    CHECK_EQ_INT(atomic_load(&ra.body_runs) + atomic_load(&rb.body_runs), 0);
+    CHECK_OK(fq_queue_set_suspended(q2, false));
+    CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));
+    CHECK(atomic_load(&rc.end_seq) < atomic_load(&rb.start_seq));
+    CHECK(atomic_load(&rb.end_seq) < atomic_load(&ra.start_seq));
+    CHECK_EQ_INT(ra.outcome, FQ_SUCCEEDED);
+    CHECK_EQ_INT(rb.outcome, FQ_SUCCEEDED);
+    CHECK_EQ_INT(rc.outcome, FQ_SUCCEEDED);
+    CHECK_EQ_INT(atomic_load(&bad.calls) + atomic_load(&bad.body_runs), 0);
+    CHECK_EQ_INT(atomic_load(&bad2.calls) + atomic_load(&bad2.body_runs), 0);
+    CHECK_EQ_INT(fqt_stat(e, "submitted", -1), 3);
+
+    /* a started op cannot gain dependencies: FQ_ERR_STATE */
+    rec run = {0}, other = {0};
+    fq_op_id idrun = fqt_async(q, body_async_capture, NULL, rec_done, &run);
+    REQUIRE(idrun > 0);
+    REQUIRE(WAIT_UNTIL(atomic_load(&run.op) != NULL, FQT_LONG_MS));
+    CHECK_OK(fq_queue_set_suspended(q2, true));
+    fq_op_id idother = fqt_block(q2, body_tag, NULL, rec_done, &other);
+    REQUIRE(idother > 0);
+    CHECK_EQ_INT(fq_add_dependency(e, idrun, idother), FQ_ERR_STATE);
+    /* a finished dependency added later counts as in depends_on */
+    CHECK_OK(fq_add_dependency(e, idother, a));
+    CHECK_OK(fq_op_finish(atomic_load(&run.op), NULL, NULL));
+    CHECK_OK(fq_queue_set_suspended(q2, false));
+    CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));
+    CHECK_EQ_INT(run.outcome, FQ_SUCCEEDED);
+    CHECK_EQ_INT(other.outcome, FQ_SUCCEEDED);
+    rec_clear(&ra);
+    rec_clear(&rb);
+    rec_clear(&rc);
+    rec_clear(&run);
+    rec_clear(&other);
+    fqt_engine_free(e);
+}
+
+TEST(add_dependency_on_failed_op_cancels) {
+    fq_engine *e = fqt_engine(NULL);
+    fq_queue *q = fqt_queue(e, "q", 2);
+    rec f = {0}, x = {0};
+    fq_op_id idf = fqt_block(q, body_fail_boom, NULL, rec_done, &f);
+    REQUIRE(idf > 0);
+    CHECK_OK(fq_queue_wait(q, FQT_LONG_MS));
+    CHECK_OK(fq_queue_set_suspended(q, true));
+    fq_op_id idx = fqt_block(q, body_tag, NULL, rec_done, &x);
+    REQUIRE(idx > 0);
+    CHECK_OK(fq_add_dependency(e, idx, idf));
+    CHECK_OK(fq_queue_set_suspended(q, false));
+    CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));
+    CHECK_EQ_INT(x.outcome, FQ_CANCELLED);
+    CHECK_EQ_INT(x.status, FQ_ERR_DEPENDENCY);
+    CHECK(fqt_names_id(x.error, idf));
+    CHECK_EQ_INT(atomic_load(&x.body_runs), 0);
+    rec_clear(&f);
+    rec_clear(&x);
+    fqt_engine_free(e);
+}
+
+TEST(history_bounds_depends_on) {
+    fq_engine *e = fqt_engine("{\"history\": 2}");
+    fq_queue *q = fqt_queue(e, "q", 1);
+    enum { N = 6 };
+    rec r[N];
+    memset(r, 0, sizeof r);
+    fq_op_id id[N];
+    for (int i = 0; i < N; i++) {
+        r[i].tag = i;
+        id[i] = fqt_block(q, body_tag, NULL, rec_done, &r[i]);
+        REQUIRE(id[i] > 0);
+        CHECK_OK(fq_queue_wait(q, FQT_LONG_MS)); /* finish in order */
+    }
+    /* the oldest is forgotten, the newest still known */
+    rec old = {0}, recent = {0};
+    CHECK_EQ_INT(fqt_block(q, body_tag, deps_opts(id[0], 0), rec_done, &old),
+                 FQ_ERR_NOT_FOUND);
+    recent.dep = id[N - 1];
+    fq_op_id idr = fqt_block(q, body_tag, deps_opts(id[N - 1], 0), rec_done, &recent);
+    CHECK(idr > 0);
+    CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));
+    CHECK_EQ_INT(atomic_load(&old.calls), 0);
+    CHECK_EQ_INT(recent.outcome, FQ_SUCCEEDED);
+    rec_clear_all(r, N);
+    rec_clear(&recent);
+    fqt_engine_free(e);
+
+    /* history 0: nothing finished is remembered */
+    e = fqt_engine("{\"history\": 0}");
+    q = fqt_queue(e, "q", 1);
+    rec a = {0}, b = {0};
+    fq_op_id ida = fqt_block(q, body_tag, NULL, rec_done, &a);
+    REQUIRE(ida > 0);
+    CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));
+    CHECK_EQ_INT(fqt_block(q, body_tag, deps_opts(ida, 0), rec_done, &b), FQ_ERR_NOT_FOUND);
+    CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));
+    CHECK_EQ_INT(atomic_load(&b.calls), 0);
+    rec_clear(&a);
+    fqt_engine_free(e);
+}
