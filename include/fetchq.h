@@ -165,6 +165,13 @@ typedef void (*fq_async_fn)(fq_op *op, void *userdata);
  *                   (default 512), "verify_tls" (default true), "ca_file"
  *                   (a PEM file; default the system store), "user_agent"
  *                   (default "fetchq/VERSION")
+ *   "rate_limits"   {"HOST": {"per_second": r, "burst": b}, ...}: a token
+ *                   bucket per host: at most b network operations start at
+ *                   once and r per second on average; operations over the rate
+ *                   wait in their queue without holding back other hosts. HOST
+ *                   is "host:port" (as in the URL, default ports omitted),
+ *                   "host" (any port) or "*" (every host without its own
+ *                   entry); burst defaults to max(1, r)
  *   "search"        the search endpoint, an object:
  *                   "url" (a template containing {query}), "results" (a JSON
  *                   Pointer to the results array, default ""), "id" (pointer
@@ -279,7 +286,27 @@ fq_op_id fq_submit_async(fq_queue *queue, fq_async_fn fn, const json_t *options,
  *   "progress"   true: FQ_EVENT_PROGRESS events for this operation go to the
  *                engine's event function (see fq_engine_set_event_fn);
  *   "progress_interval_ms" the least time between two progress events
- *                (default 100; implies "progress": true).
+ *                (default 100; implies "progress": true);
+ *   "retry"      {"max": N (default 0: no retry), "base": seconds (0.5),
+ *                "max_delay": seconds (30), "on": [statuses, "network",
+ *                "timeout"] (default [408, 429, 500, 502, 503, 504, "network",
+ *                "timeout"]), "any_method": false}: the delay before retry n is
+ *                base * 2^(n-1), capped at max_delay, times a random factor in
+ *                [0.5, 1]; a Retry-After header (seconds or HTTP-date) is used
+ *                instead when present (capped at max_delay). Only idempotent
+ *                methods (GET, HEAD, OPTIONS, TRACE, PUT, DELETE) are retried
+ *                unless "any_method" is true. Waiting for a retry holds no
+ *                slot; cancelling then ends the operation at once. The metrics'
+ *                "attempts" counts the tries;
+ *   "coalesce"   true (default): a GET without a body, "depends_on" or
+ *                "barrier" that is identical to one in flight (same URL,
+ *                headers, limits and progress setting) shares its transfer:
+ *                the server sees one request; each operation still gets its
+ *                own callback and result. The shared transfer runs in the
+ *                first caller's queue at the highest priority of its callers;
+ *                cancelling one caller detaches only it, the transfer is
+ *                cancelled when the last caller cancels. false: its own
+ *                transfer.
  * They run at most config "max_per_host" at once per host:port (across
  * queues; operations for a busy host never hold back other hosts). A failed
  * transfer ends FQ_FAILED with FQ_ERR_TIMEOUT, FQ_ERR_NETWORK,

@@ -177,6 +177,69 @@ import Testing
         #expect(e.status == .notFound)
     }
 
+    @Test func backoffReleasesTheSlotAndRetriesAtItsTime() {
+        var m = Machine()
+        let q = m.addQueue(name: "q", maxConcurrent: 1)
+        let (a, _) = submit(&m, q, host: "h:1")
+        let (b, _) = submit(&m, q, host: "h:1")
+        // a fails, will retry at t=100: b gets the slot meanwhile.
+        #expect(started(m.retryLater(a, until: 100, now: 10)) == [b])
+        #expect(m.state(of: a) == .backoff)
+        #expect(m.counters.running == 1 && m.counters.queued == 1)
+        #expect(m.nextDeadline() == 100)
+        #expect(started(m.expire(now: 99) { _ in "" }).isEmpty)
+        #expect(started(m.expire(now: 100) { _ in "" }).isEmpty)  // ready, but b holds the slot
+        #expect(m.state(of: a) == .ready)
+        #expect(started(m.finished(b, .succeeded, payload: nil, now: 101)) == [a])
+        // Cancelled while in backoff: ends at once.
+        _ = m.retryLater(a, until: 500, now: 200)
+        let cancelled = completed(try! m.cancel(a, now: 201).get())
+        #expect(cancelled.map(\.0) == [a])
+        #expect(cancelled.first?.2 == .cancelled)
+        #expect(m.nextDeadline() == nil)
+        #expect(m.counters.queued == 0 && m.counters.running == 0)
+    }
+
+    @Test func tokenBucketsLimitStartsPerHost() {
+        var config = Machine.Config(agingNanos: 0, maxPerHost: 100, history: 16)
+        config.rateLimits = ["slow:80": .init(perSecond: 10, burst: 2), "*": .init(perSecond: 1000, burst: 1000)]
+        var m = Machine(config: config)
+        let q = m.addQueue(name: "q", maxConcurrent: 100)
+        var slow: [OpID] = []
+        for _ in 0..<5 { slow.append(submit(&m, q, host: "slow:80", now: 0).0) }
+        let (fast, fa) = submit(&m, q, host: "fast:80", now: 0)
+        #expect(started(fa) == [fast])  // another host is not held back
+        #expect(m.counters.running == 3)  // burst 2 for slow + fast
+        // One token every 100 ms.
+        #expect(m.nextDeadline() == 100_000_000)
+        #expect(started(m.expire(now: 99_999_999) { _ in "" }).isEmpty)
+        #expect(started(m.expire(now: 100_000_000) { _ in "" }) == [slow[2]])
+        #expect(started(m.expire(now: 300_000_000) { _ in "" }) == [slow[3], slow[4]])
+    }
+
+    @Test func attachedOperationsTakeNoSlotAndEndWhenTold() {
+        var m = Machine()
+        let q = m.addQueue(name: "q", maxConcurrent: 1)
+        var carrier = Machine.Spec(queue: q)
+        carrier.isInternal = true
+        let (c, ca) = try! m.submit(carrier, now: 0).get()
+        #expect(started(ca) == [c])
+        var follower = Machine.Spec(queue: q)
+        follower.attached = true
+        let (f, fa) = try! m.submit(follower, now: 0).get()
+        #expect(fa.isEmpty)
+        #expect(m.state(of: f) == .attached)
+        #expect(m.counters.submitted == 1)  // the internal carrier is not counted
+        guard case .cancelRunning(f) = try! m.cancel(f, now: 0).get().first else {
+            Issue.record("cancelling an attached op is the runtime's to carry out")
+            return
+        }
+        _ = m.finished(f, .cancelled, payload: nil, now: 0)
+        _ = m.finished(c, .succeeded, payload: nil, now: 0)
+        #expect(m.counters.cancelled == 1 && m.counters.succeeded == 0)
+        #expect(m.liveCount == 0 && m.counters.queued == 0 && m.counters.running == 0)
+    }
+
     @Test func longFailureChainDoesNotRecurse() {
         var m = Machine(config: .init(agingNanos: 0, maxPerHost: 6, history: 0))
         let q = m.addQueue(name: "q", maxConcurrent: 1)

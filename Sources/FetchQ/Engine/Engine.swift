@@ -24,6 +24,8 @@ public final class Engine: @unchecked Sendable {
     private var eventHandler: EventHandler?
     /// Item stores used by searches, kept open (ItemStore.shared holds them weakly).
     private var stores: [String: ItemStore] = [:]
+    /// In-flight shared transfers by request key.
+    private var coalesced: [String: SharedTransfer] = [:]
     /// Created with the first network operation.
     private var transport: CurlTransport?
     private var workers: WorkerPool!
@@ -35,7 +37,8 @@ public final class Engine: @unchecked Sendable {
         machine = Machine(config: .init(
             agingNanos: UInt64(config.agingMs) * 1_000_000,
             maxPerHost: config.maxPerHost,
-            history: config.history))
+            history: config.history,
+            rateLimits: config.rateLimits.mapValues { .init(perSecond: $0.perSecond, burst: $0.burst) }))
         let owner = selfPointer
         delivery = try Delivery(mode: config.delivery, owner: owner) { [unowned self] item in
             delivered(item)
@@ -118,7 +121,7 @@ public final class Engine: @unchecked Sendable {
         let common = try CommonOptions(reading: &reader, config: config)
         let job = try NetworkJob.makeRequest(request, options: &reader, config: config)
         try reader.finish()
-        return try enqueue(.network(job), queue: queue.id, common: common, host: job.host, completion: completion)
+        return try enqueueNetwork(job, queue: queue.id, common: common, completion: completion)
     }
 
     /// Submits a search: `query` goes into the endpoint's URL template; the
@@ -129,7 +132,7 @@ public final class Engine: @unchecked Sendable {
         let common = try CommonOptions(reading: &reader, config: config)
         let job = try NetworkJob.makeSearch(query, options: &reader, config: config, openStore: store(path:))
         try reader.finish()
-        return try enqueue(.network(job), queue: queue.id, common: common, host: job.host, completion: completion)
+        return try enqueueNetwork(job, queue: queue.id, common: common, completion: completion)
     }
 
     /// Submits a fan-out search: one child search per distinct query (each a
@@ -212,6 +215,72 @@ public final class Engine: @unchecked Sendable {
         return store
     }
 
+    /// A network operation: coalesced with an identical in-flight GET when
+    /// it can be (no dependencies, no barrier), else queued on its own.
+    private func enqueueNetwork(_ job: NetworkJob, queue: QueueID, common: CommonOptions,
+                                completion: Completion?) throws(FetchQError) -> OpID {
+        guard let key = job.coalesceKey, common.dependsOn.isEmpty, !common.barrier else {
+            return try enqueue(.network(job), queue: queue, common: common, host: job.host, completion: completion)
+        }
+        let now = monotonicNanos()
+        lock.lock()
+        guard !shuttingDown else {
+            lock.unlock()
+            throw FetchQError(.shutdown, "the engine is being freed")
+        }
+        var actions: [Machine.Action] = []
+        let shared: SharedTransfer
+        if let existing = coalesced[key] {
+            shared = existing
+        } else {
+            // The carrier: internal, in this queue, with this caller's limits.
+            shared = SharedTransfer(key: key, priority: common.priority)
+            var spec = Machine.Spec(queue: queue)
+            spec.priority = common.priority
+            spec.qos = common.qos
+            spec.host = job.host
+            spec.isInternal = true
+            if common.maxWaitMs > 0 { spec.startDeadline = now + UInt64(common.maxWaitMs) * 1_000_000 }
+            switch machine.submit(spec, now: now) {
+            case .success(let (id, more)):
+                let carrier = Operation(id: id, queue: queue, qos: common.qos, body: .network(job), completion: nil, engine: self)
+                carrier.carries = shared
+                live[id] = carrier
+                shared.carrier = id
+                coalesced[key] = shared
+                actions += more
+            case .failure(let error):
+                lock.unlock()
+                throw error
+            }
+        }
+        var spec = Machine.Spec(queue: queue)
+        spec.priority = common.priority
+        spec.qos = common.qos
+        spec.group = common.group
+        spec.attached = true
+        guard case .success(let (id, more)) = machine.submit(spec, now: now) else {
+            lock.unlock()
+            throw FetchQError(.invalid, "the queue has been freed")
+        }
+        let caller = Operation(id: id, queue: queue, qos: common.qos, body: .network(job), completion: completion, engine: self)
+        caller.shared = shared
+        shared.callers.append(caller)
+        live[id] = caller
+        outstanding[queue, default: 0] += 1
+        outstandingTotal += 1
+        actions += more
+        if common.priority.rawValue > shared.priority.rawValue {
+            shared.priority = common.priority
+            if case .success(let more) = machine.setPriority(shared.carrier, common.priority, now: now) { actions += more }
+        }
+        let work = resolve(actions)
+        lock.unlock()
+        execute(work)
+        if common.maxWaitMs > 0 { timer.kick() }
+        return id
+    }
+
     /// Receives progress events of operations submitted with "progress".
     public func setEventHandler(_ handler: EventHandler?) {
         lock.withLock { eventHandler = handler }
@@ -277,7 +346,18 @@ public final class Engine: @unchecked Sendable {
     }
 
     public func setPriority(_ id: OpID, _ priority: Priority) throws(FetchQError) {
-        try runThrowing { $0.setPriority(id, priority, now: monotonicNanos()) }
+        try runThrowing { m in
+            let now = monotonicNanos()
+            var result = m.setPriority(id, priority, now: now)
+            // A coalesced caller lifts its shared transfer to its priority.
+            if case .success(var actions) = result, let shared = live[id]?.shared, !shared.done,
+               priority.rawValue > shared.priority.rawValue {
+                shared.priority = priority
+                if case .success(let more) = m.setPriority(shared.carrier, priority, now: now) { actions += more }
+                result = .success(actions)
+            }
+            return result
+        }
     }
 
     public func addDependency(_ id: OpID, on dep: OpID) throws(FetchQError) {
@@ -290,6 +370,8 @@ public final class Engine: @unchecked Sendable {
         case start(Operation)
         case deliver(Delivery.Item)
         case abort(CurlTransport, TransferID)
+        /// Something is due later (a rate-limit token): re-arm the timer.
+        case kickTimer
     }
 
     /// Applies an event to the state machine under the lock, then carries out
@@ -334,15 +416,46 @@ public final class Engine: @unchecked Sendable {
                 work.append(.start(op))
             case .complete(let id, let outcome, let status, let message):
                 guard let op = live.removeValue(forKey: id) else { continue }
+                if let shared = op.carries {
+                    // A carrier that never ran (cancelled, waited too long):
+                    // its callers end the same way.
+                    shared.done = true
+                    if coalesced[shared.key] === shared { coalesced[shared.key] = nil }
+                    for caller in shared.callers {
+                        actions += endAttached(caller, outcome, status, message, &work)
+                    }
+                    continue
+                }
                 let result = OperationResult(id: id, outcome: outcome, status: status, message: message, value: nil)
                 work.append(.deliver(.completion(result, op.completion, op.queue)))
                 actions += familyEnded(op, result, &work)
             case .cancelRunning(let id):
                 guard let op = live[id] else { continue }
                 op.markCancelled()
+                if let shared = op.shared {
+                    // A coalesced caller detaches; the last one out cancels the transfer.
+                    shared.callers.removeAll { $0 === op }
+                    actions += endAttached(op, .cancelled, .cancelled, "operation \(id) was cancelled", &work)
+                    if shared.callers.isEmpty && !shared.done {
+                        if coalesced[shared.key] === shared { coalesced[shared.key] = nil }
+                        if case .success(let more) = machine.cancel(shared.carrier, now: monotonicNanos()) { actions += more }
+                    }
+                    continue
+                }
                 if let transfer = op.transfer, let transport { work.append(.abort(transport, transfer)) }
             }
         }
+        if machine.waitsForTokens { work.append(.kickTimer) }
+    }
+
+    /// With the lock held: ends a coalesced caller that has not got its result.
+    private func endAttached(_ caller: Operation, _ outcome: Outcome, _ status: FQStatus, _ message: String,
+                             _ work: inout [Work]) -> [Machine.Action] {
+        guard machine.state(of: caller.id) == .attached else { return [] }
+        let result = OperationResult(id: caller.id, outcome: outcome, status: status, message: message, value: nil)
+        live[caller.id] = nil
+        work.append(.deliver(.completion(result, caller.completion, caller.queue)))
+        return machine.finished(caller.id, outcome, payload: result, now: monotonicNanos())
     }
 
     /// With the lock held, when an operation of a search-all family ended:
@@ -379,6 +492,7 @@ public final class Engine: @unchecked Sendable {
             case .start(let op): start(op)
             case .deliver(let item): delivery.post(item)
             case .abort(let transport, let transfer): transport.cancel(transfer)
+            case .kickTimer: timer.kick()
             }
         }
     }
@@ -399,8 +513,8 @@ public final class Engine: @unchecked Sendable {
 
     private func startTransfer(_ op: Operation, _ job: NetworkJob) {
         lock.lock()
-        op.startedAt = monotonicNanos()
-        let queueWaitMs = Double(op.startedAt - op.submittedAt) / 1e6
+        if op.startedAt == 0 { op.startedAt = monotonicNanos() }
+        op.attempts += 1
         if transport == nil {
             do {
                 transport = try CurlTransport()
@@ -416,16 +530,16 @@ public final class Engine: @unchecked Sendable {
         var progress: (@Sendable (UInt64, UInt64) -> Void)? = nil
         if job.progressIntervalMs != nil {
             progress = { [unowned self] received, expected in
-                guard let handler = lock.withLock({ eventHandler }) else { return }
-                let event = OperationEvent(id: op.id, kind: .progress, received: received, expected: expected)
-                delivery.post(.event(event, handler))
+                let (handler, ids) = lock.withLock { (eventHandler, op.carries.map { $0.callers.map(\.id) } ?? [op.id]) }
+                guard let handler else { return }
+                for id in ids {
+                    delivery.post(.event(OperationEvent(id: id, kind: .progress, received: received, expected: expected), handler))
+                }
             }
         }
         let transfer = transport.start(job.request, progress: progress) { [unowned self] outcome in
             // The loop thread only hands over: parsing runs on a worker.
-            workers.submit(qos: op.qos) { [self] in
-                finishRunning(op, job.result(id: op.id, outcome, queueWaitMs: queueWaitMs, cancelled: op.isCancelled))
-            }
+            workers.submit(qos: op.qos) { [self] in transferEnded(op, job, outcome) }
         }
         // A cancel that arrived before the transfer id was known aborts it now.
         let cancelledMeanwhile = lock.withLock {
@@ -433,6 +547,47 @@ public final class Engine: @unchecked Sendable {
             return op.isCancelled
         }
         if cancelledMeanwhile { transport.cancel(transfer) }
+    }
+
+    /// A transfer ended: retry it, or turn it into the result(s).
+    private func transferEnded(_ op: Operation, _ job: NetworkJob, _ outcome: Result<HTTPResponse, TransportError>) {
+        let attempts = lock.withLock { op.attempts }
+        if !op.isCancelled,
+           let delay = job.retry.delay(after: outcome, attempt: attempts, method: job.request.method, now: wallClockSeconds()) {
+            lock.lock()
+            if machine.state(of: op.id) == .running && !op.isCancelled {
+                op.transfer = nil
+                let now = monotonicNanos()
+                let work = resolve(machine.retryLater(op.id, until: now + UInt64(delay * 1e9), now: now))
+                lock.unlock()
+                execute(work)
+                timer.kick()
+                return
+            }
+            lock.unlock()
+        }
+        guard let shared = op.carries else {
+            let queueWaitMs = Double(op.startedAt - op.submittedAt) / 1e6
+            finishRunning(op, job.result(id: op.id, outcome, queueWaitMs: queueWaitMs, attempts: attempts, cancelled: op.isCancelled))
+            return
+        }
+        // A shared transfer: every caller still attached gets its own result.
+        let callers: [Operation] = lock.withLock {
+            shared.done = true
+            if coalesced[shared.key] === shared { coalesced[shared.key] = nil }
+            return shared.callers
+        }
+        for caller in callers {
+            guard case .network(let callerJob) = caller.body else { continue }
+            let queueWaitMs = Double(op.startedAt > caller.submittedAt ? op.startedAt - caller.submittedAt : 0) / 1e6
+            workers.submit(qos: caller.qos) { [self] in
+                finishRunning(caller, callerJob.result(id: caller.id, outcome, queueWaitMs: queueWaitMs, attempts: attempts,
+                                                       cancelled: caller.isCancelled))
+            }
+        }
+        let ok = (try? outcome.get()) != nil
+        finishRunning(op, OperationResult(id: op.id, outcome: op.isCancelled ? .cancelled : ok ? .succeeded : .failed,
+                                          status: op.isCancelled ? .cancelled : ok ? .ok : .network, message: nil, value: nil))
     }
 
     /// A running operation's body ended (block returned, async finished).
@@ -452,7 +607,8 @@ public final class Engine: @unchecked Sendable {
     /// Books a running operation's result and delivers it.
     func finishRunning(_ op: Operation, _ result: OperationResult) {
         lock.lock()
-        guard machine.state(of: op.id) == .running else {
+        let state = machine.state(of: op.id)
+        guard state == .running || state == .attached else {
             lock.unlock()
             return
         }
@@ -470,7 +626,9 @@ public final class Engine: @unchecked Sendable {
         let familyActions = familyEnded(op, result, &work)  // its event goes before what it unblocks
         resolve(familyActions + actions, into: &work)
         lock.unlock()
-        delivery.post(.completion(result, op.completion, op.queue))
+        if op.carries == nil {  // a carrier is internal: nobody waits for its callback
+            delivery.post(.completion(result, op.completion, op.queue))
+        }
         execute(work)
     }
 
@@ -491,10 +649,11 @@ public final class Engine: @unchecked Sendable {
         let actions = machine.expire(now: monotonicNanos()) { id in
             "operation \(id) waited in its queue longer than its max_wait_ms"
         }
-        let next = machine.nextDeadline()
         let work = resolve(actions)
+        let next = machine.nextDeadline()  // includes any rate-limit wake-up
         lock.unlock()
-        execute(work)
+        // The timer is the caller: it re-arms itself with `next`, no kick.
+        execute(work.filter { if case .kickTimer = $0 { false } else { true } })
         return next
     }
 

@@ -11,6 +11,8 @@ public struct EngineConfig: Sendable {
     public var maxPerHost: Int = 6
     public var network = NetworkLimits()
     public var search: SearchEndpoint? = nil
+    /// Token buckets by host key ("host:port", "host" or "*").
+    public var rateLimits: [String: (perSecond: Double, burst: Double)] = [:]
 
     public init() {}
 
@@ -22,6 +24,21 @@ public struct EngineConfig: Sendable {
         if let n = try r.int("history", in: 0...1_000_000) { history = n }
         if let n = try r.int("max_per_host", in: 1...1024) { maxPerHost = n }
         try network.read(&r)
+        if let limits = r.value("rate_limits") {
+            guard limits.pointee.type == JSON_OBJECT else { throw r.typeError("rate_limits", "an object of hosts", limits) }
+            var iter = json_object_iter(limits)
+            while let it = iter {
+                let host = String(cString: json_object_iter_key(it))
+                var limit = try OptionReader(json_object_iter_value(it), context: "config.rate_limits.\(host)")
+                guard let perSecond = try limit.number("per_second", in: 0.001...1_000_000) else {
+                    throw FetchQError(.invalid, "config.rate_limits.\(host): \"per_second\" is required")
+                }
+                let burst = try limit.number("burst", in: 1...1_000_000) ?? max(1, perSecond)
+                try limit.finish()
+                rateLimits[host.lowercased()] = (perSecond, burst)
+                iter = json_object_iter_next(limits, it)
+            }
+        }
         if var s = try r.object("search") {
             search = try SearchEndpoint(reading: &s)
             try s.finish()

@@ -39,6 +39,12 @@ public final class Operation: @unchecked Sendable {
     /// guarded by the engine's lock).
     var startedAt: UInt64 = 0
     var transfer: TransferID? = nil
+    /// Attempts made so far (retries), guarded by the engine's lock.
+    var attempts = 0
+    /// A coalesced caller: the transfer it shares (guarded by the engine's lock).
+    var shared: SharedTransfer?
+    /// A carrier: the engine-internal operation running a shared transfer.
+    var carries: SharedTransfer?
 
     init(id: OpID, queue: QueueID, qos: QoS, body: OperationBody, completion: Completion?, engine: Engine) {
         self.id = id

@@ -15,11 +15,11 @@ extension NetworkJob {
     /// Turns the transport's outcome into the operation's result. Runs on a
     /// worker (JSON parsing never runs on the network thread).
     func result(id: OpID, _ outcome: Result<HTTPResponse, TransportError>, queueWaitMs: Double,
-                cancelled: Bool) -> OperationResult {
+                attempts: Int, cancelled: Bool) -> OperationResult {
         switch outcome {
         case .failure(let error):
             var info = HTTPInfo()
-            info.metrics = Self.metrics(nil, queueWaitMs: queueWaitMs)
+            info.metrics = Self.metrics(nil, queueWaitMs: queueWaitMs, attempts: attempts)
             if cancelled || error.kind == .cancelled {
                 return OperationResult(id: id, outcome: .cancelled, status: .cancelled,
                                        message: "operation \(id) was cancelled", value: nil, http: info)
@@ -31,7 +31,7 @@ extension NetworkJob {
             info.status = response.status
             info.headers = Self.headers(response.headers)
             info.body = response.body
-            info.metrics = Self.metrics(response.metrics, queueWaitMs: queueWaitMs)
+            info.metrics = Self.metrics(response.metrics, queueWaitMs: queueWaitMs, attempts: attempts)
             if cancelled {
                 return OperationResult(id: id, outcome: .cancelled, status: .cancelled,
                                        message: "operation \(id) was cancelled", value: nil, http: info)
@@ -83,7 +83,7 @@ extension NetworkJob {
         case .json: return true
         case .auto:
             guard !response.body.isEmpty, let type = response.header("content-type")?.lowercased() else { return false }
-            let mime = type.split(separator: ";").first.map { $0.trimmingSpaces() } ?? ""
+            let mime = type.split(separator: ";").first.map { String($0).trimmingCharacters(in: " \t") } ?? ""
             return mime == "application/json" || (mime.hasPrefix("application/") && mime.hasSuffix("+json"))
         }
     }
@@ -113,7 +113,7 @@ extension NetworkJob {
         return object
     }
 
-    static func metrics(_ m: TransferMetrics?, queueWaitMs: Double, attempts: Int = 1) -> JSONRef {
+    static func metrics(_ m: TransferMetrics?, queueWaitMs: Double, attempts: Int) -> JSONRef {
         let object = JSONRef.object()
         func put(_ key: String, _ v: UnsafeMutablePointer<json_t>?) { json_object_set_new(object.pointer, key, v) }
         put("queue_wait_ms", json_real(queueWaitMs))
@@ -139,11 +139,5 @@ extension SearchJob {
         json_object_set_new(object.pointer, "count", json_integer(json_int_t(json_array_size(items.pointer))))
         json_object_set(object.pointer, "items", items.pointer)
         return object
-    }
-}
-
-extension Substring {
-    func trimmingSpaces() -> String {
-        String(drop(while: { $0 == " " || $0 == "\t" }).reversed().drop(while: { $0 == " " || $0 == "\t" }).reversed())
     }
 }

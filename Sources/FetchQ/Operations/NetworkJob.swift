@@ -17,6 +17,22 @@ public struct NetworkJob: Sendable {
     var progressIntervalMs: Int? = nil
     /// For searches: what to extract and how to sort.
     var search: SearchJob? = nil
+    var retry = RetryPolicy()
+    /// Share one transfer with identical in-flight GETs (option "coalesce").
+    var coalesce = true
+
+    /// Identical requests (same URL, headers and limits) share a transfer.
+    var coalesceKey: String? {
+        guard coalesce, request.method == "GET", request.body == nil else { return nil }
+        var key = "GET \(request.url)\n"
+        for (name, value) in request.headers.sorted(by: { $0.name.lowercased() < $1.name.lowercased() }) {
+            key += "\(name.lowercased()): \(value)\n"
+        }
+        key += "\(request.connectTimeoutMs) \(request.timeoutMs) \(request.followRedirects) \(request.maxRedirects) "
+        key += "\(request.maxResponseBytes) \(request.verifyTLS) \(request.caFile ?? "-") \(request.userAgent) "
+        key += "\(progressIntervalMs ?? -1)"
+        return key
+    }
 
     func accepts(_ status: Int) -> Bool { accept.contains { $0.contains(status) } }
 }
@@ -187,6 +203,8 @@ struct SearchTemplate: Sendable {
 struct NetworkSettings: Sendable {
     var limits: NetworkLimits
     var progressIntervalMs: Int?
+    var retry = RetryPolicy()
+    var coalesce = true
 
     init(reading r: inout OptionReader, config: EngineConfig) throws(FetchQError) {
         limits = config.network
@@ -194,6 +212,8 @@ struct NetworkSettings: Sendable {
         let progress = try r.bool("progress") ?? false
         let interval = try r.int("progress_interval_ms", in: 0...60_000)
         if progress || interval != nil { progressIntervalMs = interval ?? 100 }
+        if var r = try r.object("retry") { retry = try RetryPolicy(reading: &r) }
+        if let c = try r.bool("coalesce") { coalesce = c }
     }
 
     /// Checks the URL and headers and applies the limits.
@@ -222,6 +242,8 @@ struct NetworkSettings: Sendable {
         var job = NetworkJob(request: request, host: host, maxJSONDepth: limits.maxJSONDepth)
         job.progressIntervalMs = progressIntervalMs
         job.request.progressIntervalMs = progressIntervalMs ?? 0
+        job.retry = retry
+        job.coalesce = coalesce
         return job
     }
 }

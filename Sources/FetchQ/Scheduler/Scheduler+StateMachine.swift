@@ -18,6 +18,31 @@ struct SchedulerStateMachine<Payload> {
         var maxPerHost: Int = 6
         /// Finished operations remembered for depends_on.
         var history: Int = 4096
+        /// Token buckets per host key ("host:port", "host", or "*" for any).
+        var rateLimits: [String: RateLimit] = [:]
+    }
+
+    /// At most `perSecond` starts per second on average, `burst` at once.
+    struct RateLimit: Equatable {
+        var perSecond: Double
+        var burst: Double
+    }
+
+    struct Bucket {
+        var limit: RateLimit
+        var tokens: Double
+        var refilledAt: UInt64
+
+        mutating func refill(_ now: UInt64) {
+            guard now > refilledAt else { return }
+            tokens = min(limit.burst, tokens + Double(now - refilledAt) / 1e9 * limit.perSecond)
+            refilledAt = now
+        }
+
+        /// When the next whole token is there.
+        func nextToken() -> UInt64 {
+            refilledAt &+ UInt64(max(0, (1 - tokens) / limit.perSecond * 1e9).rounded(.up))
+        }
     }
 
     /// What the runtime must do after an event.
@@ -46,9 +71,18 @@ struct SchedulerStateMachine<Payload> {
         var barrier = false
         /// Absolute monotonic deadline for starting, nil for none.
         var startDeadline: UInt64? = nil
+        /// Engine-internal work (a coalesced transfer): holds a slot but is
+        /// not counted in submitted/succeeded/failed/cancelled.
+        var isInternal = false
+        /// Shares another operation's transfer: never takes a slot; the
+        /// runtime ends it. Takes no dependencies, barrier or host.
+        var attached = false
     }
 
-    enum OpState { case waiting, ready, running }
+    /// waiting: for dependencies; ready: for a slot; running: holds a slot;
+    /// backoff: between two attempts (no slot) until its retry time;
+    /// attached: sharing another operation's transfer (no slot).
+    enum OpState { case waiting, ready, running, backoff, attached }
 
     /// A finished dependency as the dependent sees it (data passing).
     struct Dependency {
@@ -87,6 +121,7 @@ struct SchedulerStateMachine<Payload> {
         var readySince: UInt64 = 0
         var cancelRequested = false
         var isBarrier = false
+        var isInternal = false
     }
 
     struct Counters {
@@ -139,6 +174,11 @@ struct SchedulerStateMachine<Payload> {
     private var history: [OpID: Finished] = [:]
     private var historyOrder = Ring<OpID>()
     private var deadlines = MinHeap<OpID>()
+    /// Operations in backoff, by retry time.
+    private var retries = MinHeap<OpID>()
+    private var buckets: [String: Bucket] = [:]
+    /// The earliest time a token frees an operation held back by a rate limit.
+    private var rateWake: UInt64? = nil
     private var nextOpID: OpID = 1
     private var nextQueueID: QueueID = 1
     private var nextSeq: UInt64 = 0
@@ -226,10 +266,17 @@ struct SchedulerStateMachine<Payload> {
         op.isBarrier = spec.barrier
         ops[id] = op
         queues[spec.queue]!.unfinished.insert(id)
-        queues[spec.queue]!.counters.submitted += 1
+        ops[id]!.isInternal = spec.isInternal
+        if !spec.isInternal {
+            queues[spec.queue]!.counters.submitted += 1
+            counters.submitted += 1
+        }
         queues[spec.queue]!.counters.queued += 1
-        counters.submitted += 1
         counters.queued += 1
+        if spec.attached {
+            ops[id]!.state = .attached
+            return .success((id, []))
+        }
         if let group = spec.group { groups[group, default: []].insert(id) }
         if let deadline = spec.startDeadline { deadlines.insert(id, key: deadline) }
 
@@ -290,7 +337,7 @@ struct SchedulerStateMachine<Payload> {
         guard let op = ops[id] else {
             return .failure(FetchQError(.notFound, "no unfinished operation \(id)"))
         }
-        guard op.state != .running else {
+        guard op.state == .waiting || op.state == .ready else {
             return .failure(FetchQError(.state, "operation \(id) has already started"))
         }
         if dep == id {
@@ -396,7 +443,7 @@ struct SchedulerStateMachine<Payload> {
 
     private mutating func cancelOne(_ id: OpID, now: UInt64, into actions: inout [Action]) {
         guard let op = ops[id], !op.cancelRequested else { return }
-        if op.state == .running {
+        if op.state == .running || op.state == .attached {
             ops[id]!.cancelRequested = true
             actions.append(.cancelRunning(id))
         } else {
@@ -408,12 +455,17 @@ struct SchedulerStateMachine<Payload> {
 
     /// The runtime reports that a running operation ended.
     mutating func finished(_ id: OpID, _ outcome: Outcome, payload: Payload?, now: UInt64) -> [Action] {
-        guard let op = ops[id], op.state == .running else { return [] }
+        guard let op = ops[id], op.state == .running || op.state == .attached else { return [] }
         ops[id] = nil
         var actions: [Action] = []
-        queues[op.queue]!.counters.running -= 1
-        counters.running -= 1
-        if let host = op.host { hostRunning[host, default: 1] -= 1 }
+        if op.state == .attached {
+            queues[op.queue]!.counters.queued -= 1
+            counters.queued -= 1
+        } else {
+            queues[op.queue]!.counters.running -= 1
+            counters.running -= 1
+            if let host = op.host { hostRunning[host, default: 1] -= 1 }
+        }
         retire([(id, op, outcome, payload)], now: now, into: &actions)
         schedule(now: now, into: &actions)
         return actions
@@ -431,7 +483,7 @@ struct SchedulerStateMachine<Payload> {
     /// Removes a not-started operation, counts it and emits its completion.
     private mutating func markEnded(_ id: OpID, _ outcome: Outcome, _ status: FQStatus, _ message: String,
                                     into actions: inout [Action]) -> Op? {
-        guard let op = ops[id], op.state != .running else { return nil }
+        guard let op = ops[id], op.state != .running, op.state != .attached else { return nil }
         ops[id] = nil
         if op.state == .ready { queues[op.queue]!.readyCount -= 1 }
         queues[op.queue]!.counters.queued -= 1
@@ -447,8 +499,10 @@ struct SchedulerStateMachine<Payload> {
         var pending = first
         while let (id, op, outcome, payload) = pending.popLast() {
             queues[op.queue]!.unfinished.remove(id)
-            queues[op.queue]!.counters.count(outcome)
-            counters.count(outcome)
+            if !op.isInternal {
+                queues[op.queue]!.counters.count(outcome)
+                counters.count(outcome)
+            }
             if queues[op.queue]!.openBarrier == id { queues[op.queue]!.openBarrier = nil }
             if let group = op.group {
                 groups[group]?.remove(id)
@@ -523,8 +577,28 @@ struct SchedulerStateMachine<Payload> {
         }
     }
 
-    private func hasCapacity(_ host: String) -> Bool {
-        host.isEmpty || hostRunning[host, default: 0] < config.maxPerHost
+    private mutating func hasCapacity(_ host: String, now: UInt64) -> Bool {
+        if host.isEmpty { return true }
+        guard hostRunning[host, default: 0] < config.maxPerHost else { return false }
+        guard var bucket = bucket(for: host, now: now) else { return true }
+        bucket.refill(now)
+        buckets[host] = bucket
+        if bucket.tokens >= 1 { return true }
+        let wake = bucket.nextToken()
+        rateWake = min(rateWake ?? wake, wake)
+        return false
+    }
+
+    /// The host's token bucket, made on first use from the configured limit
+    /// for "host:port", else "host", else "*"; nil when unlimited.
+    private mutating func bucket(for host: String, now: UInt64) -> Bucket? {
+        if let b = buckets[host] { return b }
+        let bare = host.hasPrefix("[") ? String(host.prefix(through: host.firstIndex(of: "]") ?? host.startIndex))
+                                       : String(host.split(separator: ":").first ?? Substring(host))
+        guard let limit = config.rateLimits[host] ?? config.rateLimits[bare] ?? config.rateLimits["*"] else { return nil }
+        let b = Bucket(limit: limit, tokens: limit.burst, refilledAt: now)
+        buckets[host] = b
+        return b
     }
 
     /// The best ready operation of a queue whose host has capacity.
@@ -532,7 +606,7 @@ struct SchedulerStateMachine<Payload> {
     private mutating func bestCandidate(in queueID: QueueID, now: UInt64) -> Candidate? {
         var best: Candidate? = nil
         let hosts = Array(queues[queueID]!.lanes.keys)  // a copy: the lanes are mutated below
-        for host in hosts where hasCapacity(host) {
+        for host in hosts where hasCapacity(host, now: now) {
             for slot in 0..<25 {
                 let level = slot / 5
                 var head: OpID? = nil
@@ -553,6 +627,7 @@ struct SchedulerStateMachine<Payload> {
 
     /// Starts whatever may start now.
     private mutating func schedule(now: UInt64, into actions: inout [Action]) {
+        rateWake = nil
         while true {
             var best: Candidate? = nil
             for queueID in queueOrder {
@@ -580,20 +655,54 @@ struct SchedulerStateMachine<Payload> {
             queues[chosen.queue]!.counters.running += 1
             counters.queued -= 1
             counters.running += 1
-            if !chosen.host.isEmpty { hostRunning[chosen.host, default: 0] += 1 }
+            if !chosen.host.isEmpty {
+                hostRunning[chosen.host, default: 0] += 1
+                buckets[chosen.host]?.tokens -= 1
+            }
             actions.append(.start(chosen.id, dependencies: payloads))
         }
     }
 
     // MARK: - Time limits
 
-    /// The earliest start deadline still pending, for the runtime's timer.
+    /// The earliest time something is due (a start deadline, a retry, a
+    /// rate-limit token), for the runtime's timer.
     mutating func nextDeadline() -> UInt64? {
+        var next = rateWake
         while let top = deadlines.min {
-            if let op = ops[top.value], op.state != .running { return top.key }
+            if let op = ops[top.value], op.state == .waiting || op.state == .ready {
+                next = min(next ?? top.key, top.key)
+                break
+            }
             deadlines.removeMin()
         }
-        return nil
+        while let top = retries.min {
+            if ops[top.value]?.state == .backoff {
+                next = min(next ?? top.key, top.key)
+                break
+            }
+            retries.removeMin()
+        }
+        return next
+    }
+
+    /// Whether work is held back by a rate limit (the timer must wake up).
+    var waitsForTokens: Bool { rateWake != nil }
+
+    /// A running operation will be tried again at `until`: it gives up its
+    /// slot meanwhile (cancelling it then ends it at once).
+    mutating func retryLater(_ id: OpID, until: UInt64, now: UInt64) -> [Action] {
+        guard let op = ops[id], op.state == .running else { return [] }
+        ops[id]!.state = .backoff
+        queues[op.queue]!.counters.running -= 1
+        queues[op.queue]!.counters.queued += 1
+        counters.running -= 1
+        counters.queued += 1
+        if let host = op.host { hostRunning[host, default: 1] -= 1 }
+        retries.insert(id, key: until)
+        var actions: [Action] = []
+        schedule(now: now, into: &actions)
+        return actions
     }
 
     /// Fails the operations whose start deadline has passed.
@@ -601,9 +710,13 @@ struct SchedulerStateMachine<Payload> {
         var actions: [Action] = []
         while let top = deadlines.min, top.key <= now {
             deadlines.removeMin()
-            if let op = ops[top.value], op.state != .running {
+            if let op = ops[top.value], op.state == .waiting || op.state == .ready {
                 end(top.value, .failed, .queueTimeout, waitedMessage(top.value), now: now, into: &actions)
             }
+        }
+        while let top = retries.min, top.key <= now {
+            retries.removeMin()
+            if ops[top.value]?.state == .backoff { makeReady(top.value, now: now) }
         }
         schedule(now: now, into: &actions)
         return actions

@@ -1,0 +1,249 @@
+import CJansson
+@testable import FetchQ
+import Glibc
+import Testing
+
+/// Retries, rate limits and request coalescing through the engine, verified
+/// from the test server's side where it can see them.
+@Suite(.serialized) struct EngineResilienceTests {
+    let server: TestServer
+    init() throws { server = try TestServer() }
+
+    func stats() throws -> JSONRef {
+        let (_, body) = try server.get("/stats")
+        return try JSONParser.parse(body, maxDepth: 64)
+    }
+
+    func requests(to path: String) throws -> Int64 { try stats().at("/by_path/\(path.replacingSlash())")?.integerValue ?? 0 }
+
+    func resetStats() throws { _ = try server.get("/stats/reset") }
+
+    func seconds(_ body: () throws -> Void) rethrows -> Double {
+        let start = monotonicNanos()
+        try body()
+        return Double(monotonicNanos() - start) / 1e9
+    }
+
+    // MARK: retries
+
+    @Test func retriesUntilSuccessAndCountsAttempts() throws {
+        try resetStats()
+        try withEngine { engine, queue, c in
+            let id = try engine.request(#"{"url": "\#(server.url("/flaky?key=r1&fail=2"))"}"#,
+                                        options: #"{"retry": {"max": 3, "base": 0.01}}"#, on: queue, c)
+            let r = try #require(c.wait(id))
+            #expect(r.outcome == .succeeded)
+            #expect(r.http?.metrics?.at("/attempts")?.integerValue == 3)
+            #expect(r.value?.at("/attempt")?.integerValue == 3)
+        }
+        #expect(try requests(to: "/flaky") == 3)
+    }
+
+    @Test func givesUpAfterMaxAndKeepsTheLastResponse() throws {
+        try resetStats()
+        try withEngine { engine, queue, c in
+            let id = try engine.request(#"{"url": "\#(server.url("/flaky?key=r2&fail=9&status=502"))"}"#,
+                                        options: #"{"retry": {"max": 2, "base": 0.01}}"#, on: queue, c)
+            let r = try #require(c.wait(id))
+            #expect(r.outcome == .failed)
+            #expect(r.status == .http)
+            #expect(r.http?.status == 502)
+            #expect(r.http?.metrics?.at("/attempts")?.integerValue == 3)
+        }
+        #expect(try requests(to: "/flaky") == 3)
+    }
+
+    @Test func backoffDelaysStayWithinTheirBounds() throws {
+        try withEngine { engine, queue, c in
+            // Delays: 0.2 * [0.5, 1] then 0.4 * [0.5, 1] -> between 0.3 s and 0.6 s in all.
+            var r: OperationResult?
+            let elapsed = try seconds {
+                let id = try engine.request(#"{"url": "\#(server.url("/flaky?key=r3&fail=2"))"}"#,
+                                            options: #"{"retry": {"max": 2, "base": 0.2, "max_delay": 10}}"#, on: queue, c)
+                r = c.wait(id)
+            }
+            #expect(r?.outcome == .succeeded)
+            #expect(elapsed >= 0.3)
+            #expect(elapsed < 10)  // generous: fails instead of hanging
+        }
+    }
+
+    @Test(arguments: [false, true]) func honoursRetryAfter(httpDate: Bool) throws {
+        try withEngine { engine, queue, c in
+            var r: OperationResult?
+            let key = httpDate ? "ra-date" : "ra-seconds"
+            let url = server.url("/retry-after?key=\(key)&fail=1&after=2&date=\(httpDate ? 1 : 0)")
+            let elapsed = try seconds {
+                let id = try engine.request(#"{"url": "\#(url)"}"#,
+                                            options: #"{"retry": {"max": 1, "base": 0.01}}"#, on: queue, c)
+                r = c.wait(id)
+            }
+            #expect(r?.outcome == .succeeded)
+            #expect(r?.http?.metrics?.at("/attempts")?.integerValue == 2)
+            // An HTTP-date has one-second resolution: at least 1 s either way.
+            #expect(elapsed >= 1.0)
+        }
+    }
+
+    @Test func postIsNotRetriedUnlessAsked() throws {
+        try resetStats()
+        try withEngine { engine, queue, c in
+            let plain = try engine.request(#"{"method": "POST", "url": "\#(server.url("/flaky?key=p1&fail=1"))", "body": "x"}"#,
+                                           options: #"{"retry": {"max": 3, "base": 0.01}}"#, on: queue, c)
+            #expect(c.wait(plain)?.status == .http)
+            #expect(try requests(to: "/flaky") == 1)
+            let asked = try engine.request(#"{"method": "POST", "url": "\#(server.url("/flaky?key=p2&fail=1"))", "body": "x"}"#,
+                                           options: #"{"retry": {"max": 3, "base": 0.01, "any_method": true}}"#, on: queue, c)
+            #expect(c.wait(asked)?.outcome == .succeeded)
+        }
+    }
+
+    @Test func networkErrorsAreRetriedWhenListed() throws {
+        try withEngine { engine, queue, c in
+            let id = try engine.request(#"{"url": "\#(server.url("/reset"))"}"#,
+                                        options: #"{"retry": {"max": 2, "base": 0.01, "on": ["network"]}}"#, on: queue, c)
+            let r = try #require(c.wait(id))
+            #expect(r.status == .network)
+            #expect(r.http?.metrics?.at("/attempts")?.integerValue == 3)
+            let notListed = try engine.request(#"{"url": "\#(server.url("/reset"))"}"#,
+                                               options: #"{"retry": {"max": 2, "base": 0.01, "on": [503]}}"#, on: queue, c)
+            #expect(c.wait(notListed)?.http?.metrics?.at("/attempts")?.integerValue == 1)
+        }
+    }
+
+    @Test func backoffReleasesTheSlotAndCancelEndsItAtOnce() throws {
+        try withEngine(queue: 1) { engine, queue, c in
+            let slow = try engine.request(#"{"url": "\#(server.url("/flaky?key=b1&fail=1"))"}"#,
+                                          options: #"{"retry": {"max": 1, "base": 30, "max_delay": 30}}"#, on: queue, c)
+            let other = try engine.request(#"{"url": "\#(server.url("/json"))"}"#, on: queue, c)
+            // With max_concurrent 1, `other` can only finish if the backing-off op gave its slot up.
+            #expect(c.wait(other, timeoutMs: 10_000)?.outcome == .succeeded)
+            #expect(c.count == 1)
+            var r: OperationResult?
+            let elapsed = try seconds {
+                try engine.cancel(slow)
+                r = c.wait(slow, timeoutMs: 5000)
+            }
+            #expect(r?.outcome == .cancelled)
+            #expect(elapsed < 5)
+        }
+    }
+
+    @Test func badRetryOptionsFailAtSubmit() throws {
+        try withEngine { engine, queue, c in
+            for retry in [#"{"max": -1}"#, #"{"max": 3, "on": ["sometimes"]}"#, #"{"maxx": 3}"#, #"{"base": "1s"}"#] {
+                #expect(throws: FetchQError.self, "\(retry)") {
+                    _ = try engine.request(#"{"url": "\#(server.url("/json"))"}"#, options: #"{"retry": \#(retry)}"#, on: queue, c)
+                }
+            }
+        }
+    }
+
+    // MARK: rate limits
+
+    @Test func rateLimitSpacesStartsWithoutBlockingOtherHosts() throws {
+        let limited = "127.0.0.1:\(server.port)"
+        try withEngine(#"{"rate_limits": {"\#(limited)": {"per_second": 10, "burst": 1}}, "max_per_host": 16}"#, queue: 16) { engine, queue, c in
+            var ids: [OpID] = []
+            var other: OpID = 0
+            let elapsed = try seconds {
+                for i in 0..<6 { ids.append(try engine.request(#"{"url": "\#(server.url("/echo?n=\(i)"))"}"#, on: queue, c)) }
+                // The same server under another host name is not limited.
+                other = try engine.request(#"{"url": "http://localhost:\#(server.port)/echo?other=1"}"#, on: queue, c)
+                #expect(c.waitAll(ids) != nil)
+            }
+            // 1 at once, then one every 100 ms: the 6th starts >= 0.5 s after the first.
+            #expect(elapsed >= 0.5)
+            let order = c.completionOrder
+            #expect(order.firstIndex(of: other)! < order.firstIndex(of: ids.last!)!)
+        }
+    }
+
+    // MARK: coalescing
+
+    @Test func identicalGETsShareOneTransfer() throws {
+        try resetStats()
+        try withEngine(#"{"max_per_host": 6}"#, queue: 100) { engine, queue, c in
+            var ids: [OpID] = []
+            for _ in 0..<100 { ids.append(try engine.request(#"{"url": "\#(server.url("/delay?ms=300"))"}"#, on: queue, c)) }
+            let results = try #require(c.waitAll(ids))
+            #expect(results.count == 100)
+            #expect(results.allSatisfy { $0.outcome == .succeeded && $0.value?.at("/delayed")?.integerValue == 300 })
+            #expect(Set(results.map(\.id)).count == 100)
+            #expect(c.duplicates.isEmpty)
+            #expect(engine.waitIdle(timeoutMs: 5000) == .ok)
+            #expect(engine.stats().at("/succeeded")?.integerValue == 100)
+        }
+        #expect(try requests(to: "/delay") == 1)
+    }
+
+    @Test func cancellingOneCallerDetachesOnlyIt() throws {
+        try resetStats()
+        try withEngine { engine, queue, c in
+            let a = try engine.request(#"{"url": "\#(server.url("/delay?ms=400"))"}"#, on: queue, c)
+            let b = try engine.request(#"{"url": "\#(server.url("/delay?ms=400"))"}"#, on: queue, c)
+            let d = try engine.request(#"{"url": "\#(server.url("/delay?ms=400"))"}"#, on: queue, c)
+            try engine.cancel(b)
+            #expect(c.wait(b, timeoutMs: 2000)?.outcome == .cancelled)
+            #expect(c.wait(a)?.outcome == .succeeded)
+            #expect(c.wait(d)?.outcome == .succeeded)
+            #expect(throws: FetchQError.self) { try engine.cancel(b) }
+        }
+        #expect(try requests(to: "/delay") == 1)
+    }
+
+    @Test func theTransferIsCancelledWhenTheLastCallerCancels() throws {
+        try resetStats()
+        try withEngine { engine, queue, c in
+            let a = try engine.request(#"{"url": "\#(server.url("/stall"))"}"#, on: queue, c)
+            let b = try engine.request(#"{"url": "\#(server.url("/stall"))"}"#, on: queue, c)
+            for _ in 0..<100 where try stats().at("/in_flight")?.integerValue != 1 { usleep(50_000) }
+            try engine.cancel(a)
+            #expect(c.wait(a, timeoutMs: 2000)?.outcome == .cancelled)
+            #expect(try stats().at("/in_flight")?.integerValue == 1)  // b still holds it
+            try engine.cancel(b)
+            #expect(c.wait(b, timeoutMs: 2000)?.outcome == .cancelled)
+            var closed = false
+            for _ in 0..<100 {
+                if try stats().at("/open_connections")?.integerValue == 0 { closed = true; break }
+                usleep(50_000)
+            }
+            #expect(closed)
+        }
+    }
+
+    @Test func theSharedTransferRunsAtTheHighestCallersPriority() throws {
+        try resetStats()
+        try withEngine(queue: 1) { engine, queue, c in
+            queue.setSuspended(true)
+            let normal = try engine.request(#"{"url": "\#(server.url("/echo?n=1"))"}"#, on: queue, c)
+            let low = try engine.request(#"{"url": "\#(server.url("/echo?n=2"))"}"#, options: #"{"priority": "low"}"#, on: queue, c)
+            let high = try engine.request(#"{"url": "\#(server.url("/echo?n=2"))"}"#, options: #"{"priority": "very-high"}"#, on: queue, c)
+            queue.setSuspended(false)
+            #expect(c.waitAll([normal, low, high]) != nil)
+        }
+        let arrivals = try stats().at("/arrivals")?.elements.compactMap(\.stringValue) ?? []
+        #expect(arrivals == ["/echo?n=2", "/echo?n=1"])
+    }
+
+    @Test func coalescingCanBeTurnedOff() throws {
+        try resetStats()
+        try withEngine(queue: 8) { engine, queue, c in
+            var ids: [OpID] = []
+            for _ in 0..<5 {
+                ids.append(try engine.request(#"{"url": "\#(server.url("/delay?ms=100"))"}"#, options: #"{"coalesce": false}"#, on: queue, c))
+            }
+            #expect(c.waitAll(ids) != nil)
+        }
+        #expect(try requests(to: "/delay") == 5)
+    }
+}
+
+extension String {
+    /// A /stats by_path key is the path itself; JSON Pointer needs ~1 for "/".
+    func replacingSlash() -> String {
+        var out = ""
+        for ch in self { out += ch == "/" ? "~1" : ch == "~" ? "~0" : String(ch) }
+        return out
+    }
+}
