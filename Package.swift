@@ -9,6 +9,9 @@ let package = Package(
         .library(name: "fetchq", type: .dynamic, targets: ["FetchQCABI"]),
         .library(name: "FetchQ", targets: ["FetchQ"]),
     ],
+    dependencies: [
+        .package(url: "https://github.com/apple/swift-log", exact: "1.16.2"),
+    ],
     targets: [
         .systemLibrary(
             name: "CJansson", path: "Sources/CJansson", pkgConfig: "jansson",
@@ -24,10 +27,12 @@ let package = Package(
         // Internal C helpers: thread-locals and wrappers for curl's variadic calls.
         .target(name: "CFetchQSupport", dependencies: ["CCurl"], path: "Sources/CFetchQSupport"),
         .target(
-            name: "FetchQ", dependencies: ["CJansson", "CCurl", "CSQLite", "CFetchQSupport"],
+            name: "FetchQ",
+            dependencies: ["CJansson", "CCurl", "CSQLite", "CFetchQSupport", .product(name: "Logging", package: "swift-log")],
             swiftSettings: [.swiftLanguageMode(.v6)]),
         .target(
-            name: "FetchQCABI", dependencies: ["FetchQ", "CFetchQ", "CJansson"],
+            name: "FetchQCABI",
+            dependencies: ["FetchQ", "CFetchQ", "CJansson", .product(name: "Logging", package: "swift-log")],
             swiftSettings: [.swiftLanguageMode(.v6)]),
         .testTarget(
             name: "FetchQTests", dependencies: ["FetchQ", "CJansson"],

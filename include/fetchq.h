@@ -89,7 +89,8 @@ typedef enum fq_status {
     FQ_ERR_TLS = -15,          /* TLS handshake or certificate verification failed */
     FQ_ERR_REDIRECT = -16,     /* too many redirects */
     FQ_ERR_NOMEM = -17,        /* out of memory */
-    FQ_ERR_STORE = -18         /* the item store (SQLite) failed */
+    FQ_ERR_STORE = -18,        /* the item store (SQLite) failed */
+    FQ_ERR_CACHE_MISS = -19    /* "cache": "only-if-cached" and nothing cached */
 } fq_status;
 
 /* A static English description of a status. Never NULL, never freed. */
@@ -172,6 +173,18 @@ typedef void (*fq_async_fn)(fq_op *op, void *userdata);
  *                   is "host:port" (as in the URL, default ports omitted),
  *                   "host" (any port) or "*" (every host without its own
  *                   entry); burst defaults to max(1, r)
+ *   "cache"         the HTTP cache shared by the engine's GET requests and
+ *                   searches: {"max_bytes": N (default 67108864; 0 = no
+ *                   cache), "path": FILE (optional: persist entries in this
+ *                   SQLite file, which may be an item store's)}. It honours
+ *                   Cache-Control (max-age, no-store, no-cache,
+ *                   must-revalidate), Expires/Date and Age, revalidates with
+ *                   ETag / Last-Modified (a 304 refreshes the entry), and
+ *                   evicts the least recently used entries beyond max_bytes
+ *   "log"           "off", "critical", "error", "warning", "notice", "info",
+ *                   "debug" or "trace" (default: the FETCHQ_LOG environment
+ *                   variable, else "warning"); lines go to standard error or
+ *                   to the function set with fq_engine_set_log_fn()
  *   "search"        the search endpoint, an object:
  *                   "url" (a template containing {query}), "results" (a JSON
  *                   Pointer to the results array, default ""), "id" (pointer
@@ -199,10 +212,26 @@ int fq_engine_free(fq_engine *engine);
  * the callbacks on the calling thread while it waits. */
 int fq_engine_wait_idle(fq_engine *engine, int timeout_ms);
 
+/* Log lines: `level` is one of the FQ_LOG_* values, `message` BORROWED for
+ * the call. Called on whichever engine thread logs, possibly several at once;
+ * it must be thread-safe and return quickly. */
+typedef enum fq_log_level {
+    FQ_LOG_TRACE = 0, FQ_LOG_DEBUG = 1, FQ_LOG_INFO = 2, FQ_LOG_NOTICE = 3,
+    FQ_LOG_WARNING = 4, FQ_LOG_ERROR = 5, FQ_LOG_CRITICAL = 6
+} fq_log_level;
+typedef void (*fq_log_fn)(int level, const char *message, void *userdata);
+
+/* Sends the engine's log lines (at config "log"'s level and above) to `fn`
+ * instead of standard error; NULL restores standard error. */
+int fq_engine_set_log_fn(fq_engine *engine, fq_log_fn fn, void *userdata);
+
 /* Counters, NEW reference (NULL for a NULL engine):
  * {"submitted", "succeeded", "failed", "cancelled", "queued", "running",
  *  "undelivered", "queues": {"<name>": {"max_concurrent", "suspended",
- *  "queued", "running", "submitted", "succeeded", "failed", "cancelled"}}}.
+ *  "queued", "running", "submitted", "succeeded", "failed", "cancelled"}},
+ *  "cache": {"entries", "bytes", "hits", "misses", "evictions"} (when the
+ *  HTTP cache is on)}. Coalesced transfers are counted once in "running";
+ *  the operations sharing them count as "queued" until they end.
  * "queued" counts operations waiting (for dependencies, a slot or resume),
  * "undelivered" finished operations whose callback has not yet returned. */
 json_t *fq_engine_stats(fq_engine *engine);
@@ -306,7 +335,20 @@ fq_op_id fq_submit_async(fq_queue *queue, fq_async_fn fn, const json_t *options,
  *                first caller's queue at the highest priority of its callers;
  *                cancelling one caller detaches only it, the transfer is
  *                cancelled when the last caller cancels. false: its own
- *                transfer.
+ *                transfer;
+ *   "cache"      how a GET (without a body) or a search uses the engine's HTTP
+ *                cache: "default" (a fresh entry answers at once with no
+ *                request; a stale one is revalidated with a conditional
+ *                request), "reload" (always asks the server, stores the
+ *                answer), "only-if-cached" (answers from the cache, fresh or
+ *                stale, or fails with FQ_ERR_CACHE_MISS), or
+ *                "stale-while-revalidate" (an entry, fresh or stale, is
+ *                delivered at once as an FQ_EVENT_UPDATE event whose result
+ *                says fq_result_from_cache(); then the server is asked and the
+ *                completion — still exactly once — carries the fresh answer,
+ *                or the failure with the stale value as fq_result_value()).
+ *                Coalesced callers share the first caller's mode;
+ *                "only-if-cached" and "stale-while-revalidate" never coalesce.
  * They run at most config "max_per_host" at once per host:port (across
  * queues; operations for a busy host never hold back other hosts). A failed
  * transfer ends FQ_FAILED with FQ_ERR_TIMEOUT, FQ_ERR_NETWORK,
@@ -376,7 +418,8 @@ fq_op_id fq_submit_search_all(fq_queue *queue, const char *const *queries, size_
 
 typedef enum fq_event_type {
     FQ_EVENT_PROGRESS = 1, /* bytes received so far / expected (0 if unknown) */
-    FQ_EVENT_CHILD = 2     /* a search-all child ended (fq_event_child_result) */
+    FQ_EVENT_CHILD = 2,    /* a search-all child ended (fq_event_result) */
+    FQ_EVENT_UPDATE = 3    /* stale-while-revalidate: the cached result (fq_event_result) */
 } fq_event_type;
 
 /* Called for events of operations that asked for them. Runs where
@@ -396,8 +439,10 @@ fq_event_type fq_event_get_type(const fq_event *event);
 int fq_event_progress(const fq_event *event, uint64_t *received, uint64_t *expected);
 /* FQ_EVENT_CHILD: fq_event_op_id() is the parent's id; this is the child's
  * result (its own id, outcome, status, value {"query","items","count"} or
- * error). BORROWED for the event call. NULL for other events. */
-const fq_result *fq_event_child_result(const fq_event *event);
+ * error). FQ_EVENT_UPDATE: the result built from the cached response
+ * (fq_result_from_cache() is true). BORROWED for the event call. NULL for
+ * other events. */
+const fq_result *fq_event_result(const fq_event *event);
 /* FQ_EVENT_CHILD: the child's query. BORROWED for the event call. */
 const char *fq_event_query(const fq_event *event);
 
@@ -528,8 +573,11 @@ json_t *fq_result_headers(const fq_result *result);
 const unsigned char *fq_result_body(const fq_result *result, size_t *len);
 /* Timing and size: {"queue_wait_ms", "connect_ms", "first_byte_ms",
  * "total_ms" (numbers), "bytes", "redirects", "attempts" (integers),
- * "http_version" (string), "reused_connection" (boolean)}. */
+ * "http_version" (string), "reused_connection", "from_cache" (booleans)}. */
 json_t *fq_result_metrics(const fq_result *result);
+/* true when the response came from the HTTP cache (fresh, or revalidated
+ * by a 304): then the body and value are the cached ones. */
+bool fq_result_from_cache(const fq_result *result);
 
 #ifdef __cplusplus
 }

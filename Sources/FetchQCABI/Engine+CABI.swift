@@ -3,6 +3,7 @@ import CFetchQSupport
 import CJansson
 import FetchQ
 import Glibc
+import Logging
 
 @c @implementation
 public func fq_version() -> UInt32 { fetchqVersionHex }
@@ -110,4 +111,23 @@ public func fq_set_priority(_ handle: OpaquePointer?, _ id: fq_op_id, _ priority
 public func fq_add_dependency(_ handle: OpaquePointer?, _ id: fq_op_id, _ dep: fq_op_id) -> Int32 {
     guard let e = engine(handle) else { return fail(nullHandle) }
     return status { () throws(FetchQError) in try e.addDependency(id, on: dep) }
+}
+
+@c @implementation
+public func fq_engine_set_log_fn(_ handle: OpaquePointer?, _ fn: fq_log_fn?, _ userdata: UnsafeMutableRawPointer?) -> Int32 {
+    guard let e = engine(handle) else { return fail(nullHandle) }
+    let ud = UserData(pointer: userdata)
+    guard let fn else {
+        e.setLogCallback(nil)
+        return FQStatus.ok.rawValue
+    }
+    e.setLogCallback { (level: Logger.Level, message: String) in
+        message.withCString { fn(Int32(logLevelNumber(level)), $0, ud.pointer) }
+    }
+    return FQStatus.ok.rawValue
+}
+
+/// FQ_LOG_* numbers, in swift-log's order (trace = 0 ... critical = 6).
+func logLevelNumber(_ level: Logger.Level) -> Int {
+    Logger.Level.allCases.firstIndex(of: level) ?? 0
 }

@@ -193,7 +193,7 @@ public func fq_submit_search_all(_ handle: OpaquePointer?, _ queries: UnsafePoin
 }
 
 @c @implementation
-public func fq_event_child_result(_ handle: OpaquePointer?) -> OpaquePointer? {
+public func fq_event_result(_ handle: OpaquePointer?) -> OpaquePointer? {
     (event(handle)?.child).map { OpaquePointer(Unmanaged.passUnretained($0).toOpaque()) }
 }
 
@@ -201,3 +201,6 @@ public func fq_event_child_result(_ handle: OpaquePointer?) -> OpaquePointer? {
 public func fq_event_query(_ handle: OpaquePointer?) -> UnsafePointer<CChar>? {
     event(handle)?.queryCString.map { UnsafePointer($0) }
 }
+
+@c @implementation
+public func fq_result_from_cache(_ handle: OpaquePointer?) -> Bool { result(handle)?.fromCache ?? false }

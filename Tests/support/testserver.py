@@ -671,6 +671,10 @@ class Routes:
             if len(self.search_cache) > 4096:
                 self.search_cache.clear()
             self.search_cache[key] = body
+        max_age = req.query.get("max_age")
+        if max_age is not None and max_age.isdigit():
+            # Lets clients cache search responses (the engine's HTTP cache).
+            return Response(200, body, headers=[("Cache-Control", "max-age=" + max_age)])
         return Response(200, body)
 
     async def _slow(self, conn, q, rpp):

@@ -13,8 +13,8 @@ public enum HTTPDate {
     /// Accepted forms (leading and trailing spaces/tabs are ignored):
     /// - IMF-fixdate, the preferred form: `Sun, 06 Nov 1994 08:49:37 GMT`
     /// - RFC 850 (obsolete): `Sunday, 06-Nov-94 08:49:37 GMT`. Its two-digit year is read as
-    ///   the year with those last two digits in the current century, or the century before
-    ///   when that would be more than 50 years in the future (RFC 9110 §5.6.7).
+    ///   the year with those last two digits at most 50 years in the future, else the most
+    ///   recent one in the past (RFC 9110 §5.6.7).
     /// - ANSI C asctime (obsolete): `Sun Nov  6 08:49:37 1994` (the day may be one digit
     ///   after two spaces, or two digits).
     ///
@@ -40,8 +40,11 @@ public enum HTTPDate {
         guard gmtime_r(&time, &parts) != nil else { return "Thu, 01 Jan 1970 00:00:00 GMT" }
         let weekday = dayNames[Int(parts.tm_wday)]
         let month = monthNames[Int(parts.tm_mon)]
-        return "\(weekday), \(twoDigits(parts.tm_mday)) \(month) \(fourDigits(Int(parts.tm_year) + 1900)) "
-            + "\(twoDigits(parts.tm_hour)):\(twoDigits(parts.tm_min)):\(twoDigits(parts.tm_sec)) GMT"
+        let year = fourDigits(Int(parts.tm_year) + 1900)
+        let day = twoDigits(parts.tm_mday)
+        let clock =
+            "\(twoDigits(parts.tm_hour)):\(twoDigits(parts.tm_min)):\(twoDigits(parts.tm_sec))"
+        return "\(weekday), \(day) \(month) \(year) \(clock) GMT"
     }
 
     // MARK: - Parsing
@@ -128,11 +131,13 @@ public enum HTTPDate {
         return (hour, minute, second)
     }
 
-    /// The year a two-digit RFC 850 year stands for, seen from `currentYear`.
+    /// The year a two-digit RFC 850 year stands for, seen from `currentYear`: the one with
+    /// those last digits in the window of 100 years ending 50 years from now.
     static func fullYear(_ twoDigits: Int, currentYear: Int) -> Int {
         let century = currentYear - currentYear % 100
         var year = century + twoDigits
         if year > currentYear + 50 { year -= 100 }
+        if year <= currentYear - 50 { year += 100 }
         return year
     }
 
@@ -222,7 +227,9 @@ public enum HTTPDate {
         /// A run of ASCII letters (possibly empty).
         mutating func letters() -> ArraySlice<UInt8> {
             let start = position
-            while position < bytes.count, (bytes[position] | 0x20) >= 97, (bytes[position] | 0x20) <= 122 {
+            while position < bytes.count, (bytes[position] | 0x20) >= 97,
+                (bytes[position] | 0x20) <= 122
+            {
                 position += 1
             }
             return bytes[start..<position]

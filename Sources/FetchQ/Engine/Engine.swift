@@ -1,6 +1,7 @@
 import CFetchQSupport
 import CJansson
 import Glibc
+import Logging
 
 /// The runtime: executes the scheduler state machine's decisions on worker
 /// threads, the delivery thread (or the poll-mode caller) and a timer thread.
@@ -13,6 +14,9 @@ public final class Engine: @unchecked Sendable {
     typealias Machine = SchedulerStateMachine<OperationResult>
 
     public let config: EngineConfig
+    /// The engine's logger (swift-log), at config "log"'s level.
+    public let logger: Logger
+    let logSink = LogSink()
     private let lock = ConditionLock()
     private var machine: Machine
     private var live: [OpID: Operation] = [:]
@@ -26,6 +30,8 @@ public final class Engine: @unchecked Sendable {
     private var stores: [String: ItemStore] = [:]
     /// In-flight shared transfers by request key.
     private var coalesced: [String: SharedTransfer] = [:]
+    /// The HTTP cache (config "cache"), nil when its size is 0.
+    public let httpCache: HTTPCache?
     /// Created with the first network operation.
     private var transport: CurlTransport?
     private var workers: WorkerPool!
@@ -34,6 +40,12 @@ public final class Engine: @unchecked Sendable {
 
     public init(config: EngineConfig) throws(FetchQError) {
         self.config = config
+        let sink = logSink
+        let level = LogLevelName.names.first(where: { $0.0 == config.log })?.1
+        var logger = Logger(label: "fetchq") { _ in EngineLogHandler(sink: sink, logLevel: level ?? .critical) }
+        if level == nil { logger.handler = SwiftLogNoOpLogHandler() }
+        self.logger = logger
+        httpCache = config.cacheMaxBytes > 0 ? try HTTPCache(maxBytes: config.cacheMaxBytes, persistPath: config.cachePath) : nil
         machine = Machine(config: .init(
             agingNanos: UInt64(config.agingMs) * 1_000_000,
             maxPerHost: config.maxPerHost,
@@ -45,6 +57,13 @@ public final class Engine: @unchecked Sendable {
         }
         workers = WorkerPool(count: config.workers, owner: owner)
         timer = DeadlineTimer { [unowned self] in expireDeadlines() }
+        logger.info("engine started", metadata: ["workers": "\(config.workers)", "delivery": "\(config.delivery)"])
+    }
+
+    /// Sends log lines to `callback` instead of standard error (nil: back
+    /// to standard error). Called on whichever thread logs.
+    public func setLogCallback(_ callback: (@Sendable (Logger.Level, String) -> Void)?) {
+        logSink.set(callback)
     }
 
     public convenience init(json: UnsafePointer<json_t>?) throws(FetchQError) {
@@ -511,7 +530,49 @@ public final class Engine: @unchecked Sendable {
         }
     }
 
+    /// What the HTTP cache contributed to a transfer.
+    struct CacheContext: Sendable {
+        var key: String
+        var requestCacheControl: String?
+        /// The entry being revalidated (conditional headers were sent).
+        var entry: HTTPCache.Entry?
+    }
+
     private func startTransfer(_ op: Operation, _ job: NetworkJob) {
+        var job = job
+        var cacheContext: CacheContext? = nil
+        if let cache = httpCache, let key = job.cacheKey, lock.withLock({ op.attempts }) == 0 {
+            let control = job.request.headers.first { $0.name.lowercased() == "cache-control" }?.value
+            var context = CacheContext(key: key, requestCacheControl: control)
+            let found: HTTPCache.Lookup = job.cache == .reload ? .miss : cache.lookup(key, now: wallClockSeconds(), requestCacheControl: control)
+            switch (job.cache, found) {
+            case (.default, .fresh(let entry)), (.onlyIfCached, .fresh(let entry)), (.onlyIfCached, .stale(let entry)):
+                lock.withLock {
+                    op.startedAt = monotonicNanos()
+                    op.attempts = 1
+                }
+                let response = entry.response(url: job.request.url)
+                workers.submit(qos: op.qos) { [self, job] in transferEnded(op, job, .success(response), cache: nil, fromCache: true) }
+                return
+            case (.onlyIfCached, .miss):
+                finishRunning(op, OperationResult(id: op.id, outcome: .failed, status: .cacheMiss,
+                                                  message: "GET \(job.request.url): not in the cache (cache: only-if-cached)", value: nil))
+                return
+            case (.staleWhileRevalidate, .fresh(let entry)), (.staleWhileRevalidate, .stale(let entry)):
+                if let handler = lock.withLock({ eventHandler }) {
+                    let cached = job.result(id: op.id, .success(entry.response(url: job.request.url)), queueWaitMs: 0,
+                                            attempts: 0, cancelled: false, fromCache: true)
+                    delivery.post(.event(OperationEvent(id: op.id, kind: .update, child: cached), handler))
+                }
+                fallthrough
+            case (.default, .stale(let entry)):
+                job.request.headers += HTTPCache.conditionalHeaders(for: entry)
+                context.entry = entry
+            default:
+                break
+            }
+            cacheContext = context
+        }
         lock.lock()
         if op.startedAt == 0 { op.startedAt = monotonicNanos() }
         op.attempts += 1
@@ -537,9 +598,9 @@ public final class Engine: @unchecked Sendable {
                 }
             }
         }
-        let transfer = transport.start(job.request, progress: progress) { [unowned self] outcome in
+        let transfer = transport.start(job.request, progress: progress) { [unowned self, job, cacheContext] outcome in
             // The loop thread only hands over: parsing runs on a worker.
-            workers.submit(qos: op.qos) { [self] in transferEnded(op, job, outcome) }
+            workers.submit(qos: op.qos) { [self, job, cacheContext] in transferEnded(op, job, outcome, cache: cacheContext) }
         }
         // A cancel that arrived before the transfer id was known aborts it now.
         let cancelledMeanwhile = lock.withLock {
@@ -550,12 +611,30 @@ public final class Engine: @unchecked Sendable {
     }
 
     /// A transfer ended: retry it, or turn it into the result(s).
-    private func transferEnded(_ op: Operation, _ job: NetworkJob, _ outcome: Result<HTTPResponse, TransportError>) {
+    private func transferEnded(_ op: Operation, _ job: NetworkJob, _ outcome: Result<HTTPResponse, TransportError>,
+                               cache context: CacheContext?, fromCache: Bool = false) {
+        var outcome = outcome
+        var fromCache = fromCache
+        if let context, let cache = httpCache, case .success(let response) = outcome {
+            let now = wallClockSeconds()
+            if response.status == 304, context.entry != nil,
+               let refreshed = cache.refresh(context.key, notModifiedHeaders: response.headers, now: now) {
+                // Revalidated: the cached body, with this transfer's metrics.
+                var revalidated = refreshed.response(url: job.request.url)
+                revalidated.metrics = response.metrics
+                outcome = .success(revalidated)
+                fromCache = true
+            } else {
+                cache.store(context.key, status: response.status, headers: response.headers, body: response.body,
+                            requestCacheControl: context.requestCacheControl, now: now)
+            }
+        }
         let attempts = lock.withLock { op.attempts }
         if !op.isCancelled,
            let delay = job.retry.delay(after: outcome, attempt: attempts, method: job.request.method, now: wallClockSeconds()) {
             lock.lock()
             if machine.state(of: op.id) == .running && !op.isCancelled {
+                logger.info("retrying", metadata: ["id": "\(op.id)", "attempt": "\(attempts + 1)", "delay_s": "\(delay)"])
                 op.transfer = nil
                 let now = monotonicNanos()
                 let work = resolve(machine.retryLater(op.id, until: now + UInt64(delay * 1e9), now: now))
@@ -568,7 +647,17 @@ public final class Engine: @unchecked Sendable {
         }
         guard let shared = op.carries else {
             let queueWaitMs = Double(op.startedAt - op.submittedAt) / 1e6
-            finishRunning(op, job.result(id: op.id, outcome, queueWaitMs: queueWaitMs, attempts: attempts, cancelled: op.isCancelled))
+            var result = job.result(id: op.id, outcome, queueWaitMs: queueWaitMs, attempts: attempts,
+                                    cancelled: op.isCancelled, fromCache: fromCache)
+            if result.outcome == .failed, job.cache == .staleWhileRevalidate, let stale = context?.entry {
+                // The refresh failed: the stale value stays readable.
+                let cached = job.result(id: op.id, .success(stale.response(url: job.request.url)), queueWaitMs: queueWaitMs,
+                                        attempts: attempts, cancelled: false, fromCache: true)
+                result = OperationResult(id: op.id, outcome: .failed, status: result.status,
+                                         message: (result.message ?? "") + " (the stale cached value is kept as the value)",
+                                         value: cached.value, http: result.http)
+            }
+            finishRunning(op, result)
             return
         }
         // A shared transfer: every caller still attached gets its own result.
@@ -580,9 +669,9 @@ public final class Engine: @unchecked Sendable {
         for caller in callers {
             guard case .network(let callerJob) = caller.body else { continue }
             let queueWaitMs = Double(op.startedAt > caller.submittedAt ? op.startedAt - caller.submittedAt : 0) / 1e6
-            workers.submit(qos: caller.qos) { [self] in
+            workers.submit(qos: caller.qos) { [self, outcome, fromCache] in
                 finishRunning(caller, callerJob.result(id: caller.id, outcome, queueWaitMs: queueWaitMs, attempts: attempts,
-                                                       cancelled: caller.isCancelled))
+                                                       cancelled: caller.isCancelled, fromCache: fromCache))
             }
         }
         let ok = (try? outcome.get()) != nil
@@ -628,6 +717,9 @@ public final class Engine: @unchecked Sendable {
         lock.unlock()
         if op.carries == nil {  // a carrier is internal: nobody waits for its callback
             delivery.post(.completion(result, op.completion, op.queue))
+        }
+        if result.outcome == .failed {
+            logger.info("operation failed", metadata: ["id": "\(op.id)", "status": "\(result.status)", "error": "\(result.message ?? "")"])
         }
         execute(work)
     }
@@ -731,6 +823,16 @@ public final class Engine: @unchecked Sendable {
             json_object_set_new(perQueue, queue.name, q)
         }
         json_object_set_new(root, "queues", perQueue)
+        if let cache = httpCache {
+            let s = cache.statistics
+            let c = json_object()!
+            put(c, "entries", s.entries)
+            put(c, "bytes", s.bytes)
+            put(c, "hits", s.hits)
+            put(c, "misses", s.misses)
+            put(c, "evictions", s.evictions)
+            json_object_set_new(root, "cache", c)
+        }
         return JSONRef(owned: root)!
     }
 
@@ -746,6 +848,7 @@ public final class Engine: @unchecked Sendable {
             return .state
         }
         shuttingDown = true
+        logger.info("engine shutting down", metadata: ["unfinished": "\(machine.liveCount)"])
         let work = resolve(machine.cancelAll(now: monotonicNanos()).actions)
         lock.unlock()
         execute(work)

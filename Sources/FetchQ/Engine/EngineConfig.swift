@@ -9,10 +9,16 @@ public struct EngineConfig: Sendable {
     public var agingMs: Int = 1000
     public var history: Int = 4096
     public var maxPerHost: Int = 6
+    /// "off", "critical", "error", "warning", "notice", "info", "debug",
+    /// "trace"; default from FETCHQ_LOG, else "warning".
+    public var log: String = LogLevelName.fromEnvironment()
     public var network = NetworkLimits()
     public var search: SearchEndpoint? = nil
     /// Token buckets by host key ("host:port", "host" or "*").
     public var rateLimits: [String: (perSecond: Double, burst: Double)] = [:]
+    /// HTTP cache size in bytes (0 = no cache) and optional SQLite file.
+    public var cacheMaxBytes = 64 * 1024 * 1024
+    public var cachePath: String? = nil
 
     public init() {}
 
@@ -23,6 +29,7 @@ public struct EngineConfig: Sendable {
         if let n = try r.int("aging_ms", in: 0...86_400_000) { agingMs = n }
         if let n = try r.int("history", in: 0...1_000_000) { history = n }
         if let n = try r.int("max_per_host", in: 1...1024) { maxPerHost = n }
+        if let l = try r.choice("log", LogLevelName.names.map(\.0)) { log = l }
         try network.read(&r)
         if let limits = r.value("rate_limits") {
             guard limits.pointee.type == JSON_OBJECT else { throw r.typeError("rate_limits", "an object of hosts", limits) }
@@ -38,6 +45,11 @@ public struct EngineConfig: Sendable {
                 rateLimits[host.lowercased()] = (perSecond, burst)
                 iter = json_object_iter_next(limits, it)
             }
+        }
+        if var c = try r.object("cache") {
+            if let n = try c.int("max_bytes", in: 0...(1 << 40)) { cacheMaxBytes = n }
+            if let p = try c.string("path") { cachePath = p }
+            try c.finish()
         }
         if var s = try r.object("search") {
             search = try SearchEndpoint(reading: &s)

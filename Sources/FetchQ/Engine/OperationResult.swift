@@ -17,6 +17,8 @@ public final class OperationResult: @unchecked Sendable {
     public let messageCString: UnsafeMutablePointer<CChar>?
     /// Status, headers, body and metrics of network operations; nil otherwise.
     public let http: HTTPInfo?
+    /// The response came from the HTTP cache (fresh, or revalidated with a 304).
+    public var fromCache: Bool { http?.fromCache ?? false }
 
     init(id: OpID, outcome: Outcome, status: FQStatus, message: String?, value: JSONRef?, http: HTTPInfo? = nil) {
         self.id = id
@@ -54,6 +56,9 @@ public final class OperationEvent: @unchecked Sendable {
         case progress = 1
         /// A search-all child ended: `child` and `query` say which and how.
         case child = 2
+        /// stale-while-revalidate: `child` is the cached result, delivered
+        /// before the network answer.
+        case update = 3
     }
     public let id: OpID
     public let kind: Kind

@@ -9,13 +9,14 @@ public struct HTTPInfo: Sendable {
     public var headers: JSONRef?
     public var body: [UInt8] = []
     public var metrics: JSONRef?
+    public var fromCache = false
 }
 
 extension NetworkJob {
     /// Turns the transport's outcome into the operation's result. Runs on a
     /// worker (JSON parsing never runs on the network thread).
     func result(id: OpID, _ outcome: Result<HTTPResponse, TransportError>, queueWaitMs: Double,
-                attempts: Int, cancelled: Bool) -> OperationResult {
+                attempts: Int, cancelled: Bool, fromCache: Bool = false) -> OperationResult {
         switch outcome {
         case .failure(let error):
             var info = HTTPInfo()
@@ -32,6 +33,8 @@ extension NetworkJob {
             info.headers = Self.headers(response.headers)
             info.body = response.body
             info.metrics = Self.metrics(response.metrics, queueWaitMs: queueWaitMs, attempts: attempts)
+            info.fromCache = fromCache
+            info.metrics?.set("from_cache", JSONRef.bool(fromCache))
             if cancelled {
                 return OperationResult(id: id, outcome: .cancelled, status: .cancelled,
                                        message: "operation \(id) was cancelled", value: nil, http: info)

@@ -20,17 +20,39 @@ public struct NetworkJob: Sendable {
     var retry = RetryPolicy()
     /// Share one transfer with identical in-flight GETs (option "coalesce").
     var coalesce = true
+    var cache = CacheMode.default
+
+    /// Option "cache": how the HTTP cache is used (GETs without a body only).
+    enum CacheMode: String, Sendable, CaseIterable {
+        /// Fresh entries answer at once; stale ones are revalidated.
+        case `default` = "default"
+        /// Always ask the server; store the answer.
+        case reload = "reload"
+        /// Answer from the cache (fresh or stale) or fail with FQ_ERR_CACHE_MISS.
+        case onlyIfCached = "only-if-cached"
+        /// Deliver any entry at once as an update event, then ask the server.
+        case staleWhileRevalidate = "stale-while-revalidate"
+    }
+
+    /// The HTTP cache key, or nil when the cache does not apply.
+    var cacheKey: String? {
+        guard request.method == "GET", request.body == nil else { return nil }
+        return HTTPCache.key(method: "GET", url: request.url, headers: request.headers)
+    }
 
     /// Identical requests (same URL, headers and limits) share a transfer.
     var coalesceKey: String? {
-        guard coalesce, request.method == "GET", request.body == nil else { return nil }
+        // only-if-cached never reaches the network; stale-while-revalidate
+        // gives each caller its own update event: neither is shared.
+        guard coalesce, request.method == "GET", request.body == nil,
+              cache == .default || cache == .reload else { return nil }
         var key = "GET \(request.url)\n"
         for (name, value) in request.headers.sorted(by: { $0.name.lowercased() < $1.name.lowercased() }) {
             key += "\(name.lowercased()): \(value)\n"
         }
         key += "\(request.connectTimeoutMs) \(request.timeoutMs) \(request.followRedirects) \(request.maxRedirects) "
         key += "\(request.maxResponseBytes) \(request.verifyTLS) \(request.caFile ?? "-") \(request.userAgent) "
-        key += "\(progressIntervalMs ?? -1)"
+        key += "\(progressIntervalMs ?? -1) \(cache.rawValue)"
         return key
     }
 
@@ -205,6 +227,7 @@ struct NetworkSettings: Sendable {
     var progressIntervalMs: Int?
     var retry = RetryPolicy()
     var coalesce = true
+    var cache = NetworkJob.CacheMode.default
 
     init(reading r: inout OptionReader, config: EngineConfig) throws(FetchQError) {
         limits = config.network
@@ -214,6 +237,7 @@ struct NetworkSettings: Sendable {
         if progress || interval != nil { progressIntervalMs = interval ?? 100 }
         if var r = try r.object("retry") { retry = try RetryPolicy(reading: &r) }
         if let c = try r.bool("coalesce") { coalesce = c }
+        if let m = try r.choice("cache", NetworkJob.CacheMode.allCases.map(\.rawValue)) { cache = NetworkJob.CacheMode(rawValue: m)! }
     }
 
     /// Checks the URL and headers and applies the limits.
@@ -244,6 +268,7 @@ struct NetworkSettings: Sendable {
         job.request.progressIntervalMs = progressIntervalMs ?? 0
         job.retry = retry
         job.coalesce = coalesce
+        job.cache = cache
         return job
     }
 }

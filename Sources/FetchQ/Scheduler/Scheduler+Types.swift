@@ -31,6 +31,7 @@ public enum FQStatus: Int32, Sendable, CaseIterable {
     case redirect = -16
     case noMemory = -17
     case store = -18
+    case cacheMiss = -19
 
     public var description: String { staticDescription.description }
 
@@ -56,6 +57,7 @@ public enum FQStatus: Int32, Sendable, CaseIterable {
         case .redirect: "too many redirects"
         case .noMemory: "out of memory"
         case .store: "item store error"
+        case .cacheMiss: "not in the cache"
         }
     }
 }
