@@ -21,7 +21,7 @@ CFLAGS_TEST := -std=c11 -O1 -g -Wall -Wextra -Werror -D_GNU_SOURCE -I$(BUILD)/in
 LDFLAGS_TEST := -L$(BUILD)/lib -lfetchq -ljansson -lpthread -Wl,-rpath,$(BUILD)/lib
 
 APT_PACKAGES := libjansson-dev libcurl4-openssl-dev libsqlite3-dev pkg-config python3-pip
-.PHONY: all deps lib test test-swift test-c test-exports test-python test-examples demo clean
+.PHONY: all deps lib test test-swift test-c test-exports test-python test-examples test-install demo install uninstall clean
 
 all: lib
 
@@ -46,7 +46,7 @@ lib: deps
 
 # Every suite; each prints its own summary. Runs them all even if one fails,
 # then fails if any did.
-TEST_SUITES := test-exports test-c test-swift test-support $(if $(wildcard bindings/python/tests),test-python) \
+TEST_SUITES := test-exports test-c test-swift test-support test-install $(if $(wildcard bindings/python/tests),test-python) \
 	$(if $(wildcard tools/run-examples.sh),test-examples)
 test: lib
 	@failed=""; for t in $(TEST_SUITES); do \
@@ -77,6 +77,27 @@ test-c: $(BUILD)/tests/c_harness
 
 test-exports: lib
 	bash Tests/c/check_exports.sh $(BUILD)/lib/libfetchq.so include/fetchq.h
+
+# Installs the versioned library (soname libfetchq.so.MAJOR and the usual
+# links), the header, fetchq.pc and, when built, the CLI.
+LIBDIR := $(DESTDIR)$(PREFIX)/lib
+install: lib
+	install -d $(LIBDIR)/pkgconfig $(DESTDIR)$(PREFIX)/include
+	install -m 0755 $(BUILD)/lib/libfetchq.so.$(VERSION) $(LIBDIR)/
+	ln -sf libfetchq.so.$(VERSION) $(LIBDIR)/$(SONAME)
+	ln -sf $(SONAME) $(LIBDIR)/libfetchq.so
+	install -m 0644 include/fetchq.h $(DESTDIR)$(PREFIX)/include/fetchq.h
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' tools/fetchq.pc.in > $(LIBDIR)/pkgconfig/fetchq.pc
+	@if [ -x $(BUILD)/bin/fetchq ]; then install -d $(DESTDIR)$(PREFIX)/bin && install -m 0755 $(BUILD)/bin/fetchq $(DESTDIR)$(PREFIX)/bin/fetchq; fi
+
+uninstall:
+	rm -f $(LIBDIR)/libfetchq.so.$(VERSION) $(LIBDIR)/$(SONAME) $(LIBDIR)/libfetchq.so \
+		$(LIBDIR)/pkgconfig/fetchq.pc $(DESTDIR)$(PREFIX)/include/fetchq.h $(DESTDIR)$(PREFIX)/bin/fetchq
+
+# Installs into a temporary DESTDIR, builds the C examples with nothing but
+# pkg-config, runs one, uninstalls, and checks nothing is left.
+test-install: lib
+	bash tools/test-install.sh
 
 # The main job: a local demo search server, searches on a queue, results.
 demo: lib
