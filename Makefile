@@ -21,7 +21,7 @@ CFLAGS_TEST := -std=c11 -O1 -g -Wall -Wextra -Werror -D_GNU_SOURCE -I$(BUILD)/in
 LDFLAGS_TEST := -L$(BUILD)/lib -lfetchq -ljansson -lpthread -Wl,-rpath,$(BUILD)/lib
 
 APT_PACKAGES := libjansson-dev libcurl4-openssl-dev libsqlite3-dev pkg-config python3-pip
-.PHONY: all deps lib test test-swift test-c test-exports test-python test-examples test-install demo install uninstall clean
+.PHONY: all deps lib test test-swift test-c test-exports test-python test-examples test-install test-docs demo install uninstall clean
 
 all: lib
 
@@ -46,7 +46,7 @@ lib: deps
 
 # Every suite; each prints its own summary. Runs them all even if one fails,
 # then fails if any did.
-TEST_SUITES := test-exports test-c test-swift test-support test-install $(if $(wildcard bindings/python/tests),test-python) \
+TEST_SUITES := test-exports test-c test-swift test-support test-install test-docs $(if $(wildcard bindings/python/tests),test-python) \
 	$(if $(wildcard tools/run-examples.sh),test-examples)
 test: lib
 	@failed=""; for t in $(TEST_SUITES); do \
@@ -77,6 +77,10 @@ test-c: $(BUILD)/tests/c_harness
 
 test-exports: lib
 	bash Tests/c/check_exports.sh $(BUILD)/lib/libfetchq.so include/fetchq.h
+
+# Every code block in README.md and docs/*.md is compiled or run.
+test-docs: lib
+	python3 -B tools/check-docs.py
 
 # Installs the versioned library (soname libfetchq.so.MAJOR and the usual
 # links), the header, fetchq.pc and, when built, the CLI.
