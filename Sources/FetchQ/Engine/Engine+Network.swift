@@ -1,0 +1,174 @@
+import CFetchQSupport
+import CJansson
+import Glibc
+import Logging
+
+// Network operations: the HTTP cache, the transfer, retries, shared transfers.
+
+extension Engine {
+    /// What the HTTP cache contributed to a transfer.
+    struct CacheContext: Sendable {
+        var key: String
+        var requestCacheControl: String?
+        /// The entry being revalidated (conditional headers were sent).
+        var entry: HTTPCache.Entry?
+    }
+
+    func startTransfer(_ op: Operation, _ job: NetworkJob) {
+        var job = job
+        var cacheContext: CacheContext? = nil
+        if let cache = httpCache, let key = job.cacheKey, lock.withLock({ op.attempts }) == 0 {
+            let control = job.request.headers.first { $0.name.lowercased() == "cache-control" }?.value
+            var context = CacheContext(key: key, requestCacheControl: control)
+            let found: HTTPCache.Lookup = job.cache == .reload ? .miss : cache.lookup(key, now: wallClockSeconds(), requestCacheControl: control)
+            switch (job.cache, found) {
+            case (.default, .fresh(let entry)), (.onlyIfCached, .fresh(let entry)), (.onlyIfCached, .stale(let entry)):
+                lock.withLock {
+                    op.startedAt = monotonicNanos()
+                    op.attempts = 1
+                }
+                let response = entry.response(url: job.request.url)
+                workers.submit(qos: op.qos) { [self, job] in transferEnded(op, job, .success(response), cache: nil, fromCache: true) }
+                return
+            case (.onlyIfCached, .miss):
+                finishRunning(op, OperationResult(id: op.id, outcome: .failed, status: .cacheMiss,
+                                                  message: "GET \(job.request.url): not in the cache (cache: only-if-cached)", value: nil))
+                return
+            case (.staleWhileRevalidate, .fresh(let entry)), (.staleWhileRevalidate, .stale(let entry)):
+                if let handler = lock.withLock({ eventHandler }) {
+                    let cached = job.result(id: op.id, .success(entry.response(url: job.request.url)), queueWaitMs: 0,
+                                            attempts: 0, cancelled: false, fromCache: true)
+                    delivery.post(.event(OperationEvent(id: op.id, kind: .update, child: cached), handler))
+                }
+                fallthrough
+            case (.default, .stale(let entry)):
+                job.request.headers += HTTPCache.conditionalHeaders(for: entry)
+                context.entry = entry
+            default:
+                break
+            }
+            cacheContext = context
+        }
+        lock.lock()
+        if op.startedAt == 0 { op.startedAt = monotonicNanos() }
+        op.attempts += 1
+        if transport == nil {
+            do {
+                transport = try CurlTransport()
+            } catch {
+                lock.unlock()
+                finishRunning(op, OperationResult(id: op.id, outcome: .failed, status: .network,
+                                                  message: "cannot start the transport: \(error.message)", value: nil))
+                return
+            }
+        }
+        let transport = transport!
+        lock.unlock()
+        var progress: (@Sendable (UInt64, UInt64) -> Void)? = nil
+        if job.progressIntervalMs != nil {
+            progress = { [unowned self] received, expected in
+                let (handler, ids) = lock.withLock {
+                    op.lastProgress = (received, expected)
+                    return (eventHandler, op.carries.map { $0.callers.map(\.id) } ?? [op.id])
+                }
+                guard let handler else { return }
+                for id in ids {
+                    delivery.post(.event(OperationEvent(id: id, kind: .progress, received: received, expected: expected), handler))
+                }
+            }
+        }
+        let transfer = transport.start(job.request, progress: progress) { [unowned self, job, cacheContext] outcome in
+            // The loop thread only hands over: parsing runs on a worker.
+            workers.submit(qos: op.qos) { [self, job, cacheContext] in transferEnded(op, job, outcome, cache: cacheContext) }
+        }
+        // A cancel that arrived before the transfer id was known aborts it now.
+        let cancelledMeanwhile = lock.withLock {
+            op.transfer = transfer
+            return op.isCancelled
+        }
+        if cancelledMeanwhile { transport.cancel(transfer) }
+    }
+
+    /// A transfer ended: retry it, or turn it into the result(s).
+    func transferEnded(_ op: Operation, _ job: NetworkJob, _ outcome: Result<HTTPResponse, TransportError>,
+                               cache context: CacheContext?, fromCache: Bool = false) {
+        var outcome = outcome
+        var fromCache = fromCache
+        if let context, let cache = httpCache, case .success(let response) = outcome {
+            let now = wallClockSeconds()
+            if response.status == 304, context.entry != nil,
+               let refreshed = cache.refresh(context.key, notModifiedHeaders: response.headers, now: now) {
+                // Revalidated: the cached body, with this transfer's metrics.
+                var revalidated = refreshed.response(url: job.request.url)
+                revalidated.metrics = response.metrics
+                outcome = .success(revalidated)
+                fromCache = true
+            } else {
+                cache.store(context.key, status: response.status, headers: response.headers, body: response.body,
+                            requestCacheControl: context.requestCacheControl, now: now)
+            }
+        }
+        let attempts = lock.withLock { op.attempts }
+        if !op.isCancelled,
+           let delay = job.retry.delay(after: outcome, attempt: attempts, method: job.request.method, now: wallClockSeconds()) {
+            lock.lock()
+            if machine.state(of: op.id) == .running && !op.isCancelled {
+                op.transfer = nil
+                let now = monotonicNanos()
+                let work = resolve(machine.retryLater(op.id, until: now + UInt64(delay * 1e9), now: now))
+                lock.unlock()
+                // Never log with the lock held: a log callback may call into the library.
+                logger.info("retrying", metadata: ["id": "\(op.id)", "attempt": "\(attempts + 1)", "delay_s": "\(delay)"])
+                execute(work)
+                timer.kick()
+                return
+            }
+            lock.unlock()
+        }
+        // Throttling may have skipped the last progress: report the total
+        // (with the size the server announced, 0 if it did not).
+        if job.progressIntervalMs != nil, !fromCache, case .success(let response) = outcome {
+            let total = UInt64(response.body.count)
+            let (handler, last, ids) = lock.withLock {
+                (eventHandler, op.lastProgress, op.carries.map { $0.callers.map(\.id) } ?? [op.id])
+            }
+            if let handler, last.0 < total {
+                for id in ids {
+                    delivery.post(.event(OperationEvent(id: id, kind: .progress, received: total, expected: last.1), handler))
+                }
+            }
+        }
+        guard let shared = op.carries else {
+            let queueWaitMs = Double(op.startedAt - op.submittedAt) / 1e6
+            var result = job.result(id: op.id, outcome, queueWaitMs: queueWaitMs, attempts: attempts,
+                                    cancelled: op.isCancelled, fromCache: fromCache)
+            if result.outcome == .failed, job.cache == .staleWhileRevalidate, let stale = context?.entry {
+                // The refresh failed: the stale value stays readable.
+                let cached = job.result(id: op.id, .success(stale.response(url: job.request.url)), queueWaitMs: queueWaitMs,
+                                        attempts: attempts, cancelled: false, fromCache: true)
+                result = OperationResult(id: op.id, outcome: .failed, status: result.status,
+                                         message: (result.message ?? "") + " (the stale cached value is kept as the value)",
+                                         value: cached.value, http: result.http)
+            }
+            finishRunning(op, result)
+            return
+        }
+        // A shared transfer: every caller still attached gets its own result.
+        let callers: [Operation] = lock.withLock {
+            shared.done = true
+            if coalesced[shared.key] === shared { coalesced[shared.key] = nil }
+            return shared.callers
+        }
+        for caller in callers {
+            guard case .network(let callerJob) = caller.body else { continue }
+            let queueWaitMs = Double(op.startedAt > caller.submittedAt ? op.startedAt - caller.submittedAt : 0) / 1e6
+            workers.submit(qos: caller.qos) { [self, outcome, fromCache] in
+                finishRunning(caller, callerJob.result(id: caller.id, outcome, queueWaitMs: queueWaitMs, attempts: attempts,
+                                                       cancelled: caller.isCancelled, fromCache: fromCache))
+            }
+        }
+        let ok = (try? outcome.get()) != nil
+        finishRunning(op, OperationResult(id: op.id, outcome: op.isCancelled ? .cancelled : ok ? .succeeded : .failed,
+                                          status: op.isCancelled ? .cancelled : ok ? .ok : .network, message: nil, value: nil))
+    }
+}

@@ -1,0 +1,49 @@
+import CFetchQSupport
+import CJansson
+import Glibc
+import Logging
+
+extension Engine {
+    // MARK: - Stats
+
+    /// Counters as a new JSON object (see fq_engine_stats).
+    public func stats() -> JSONRef {
+        lock.lock()
+        defer { lock.unlock() }
+        let root = json_object()!
+        func put(_ object: UnsafeMutablePointer<json_t>, _ key: String, _ value: Int) {
+            json_object_set_new(object, key, json_integer(json_int_t(value)))
+        }
+        func counters(_ object: UnsafeMutablePointer<json_t>, _ c: Machine.Counters) {
+            put(object, "submitted", c.submitted)
+            put(object, "succeeded", c.succeeded)
+            put(object, "failed", c.failed)
+            put(object, "cancelled", c.cancelled)
+            put(object, "queued", c.queued)
+            put(object, "running", c.running)
+        }
+        counters(root, machine.counters)
+        put(root, "undelivered", outstandingTotal - machine.counters.queued - machine.counters.running)
+        let perQueue = json_object()!
+        for (id, queue) in machine.queues where !queue.closed {
+            let q = json_object()!
+            counters(q, queue.counters)
+            put(q, "max_concurrent", queue.maxConcurrent)
+            json_object_set_new(q, "suspended", queue.suspended ? json_true() : json_false())
+            _ = id
+            json_object_set_new(perQueue, queue.name, q)
+        }
+        json_object_set_new(root, "queues", perQueue)
+        if let cache = httpCache {
+            let s = cache.statistics
+            let c = json_object()!
+            put(c, "entries", s.entries)
+            put(c, "bytes", s.bytes)
+            put(c, "hits", s.hits)
+            put(c, "misses", s.misses)
+            put(c, "evictions", s.evictions)
+            json_object_set_new(root, "cache", c)
+        }
+        return JSONRef(owned: root)!
+    }
+}

@@ -1,0 +1,282 @@
+import CFetchQSupport
+import CJansson
+import Glibc
+import Logging
+
+// Submitting operations: option parsing, then the scheduler under the lock.
+
+extension Engine {
+    // MARK: - Submitting
+
+    /// While the engine is being freed every submit fails with
+    /// FQ_ERR_SHUTDOWN, whatever else is wrong with it.
+    func refuseIfShuttingDown() throws(FetchQError) {
+        if lock.withLock({ shuttingDown }) { throw FetchQError(.shutdown, "the engine is being freed") }
+    }
+
+    /// Submits an operation. Throws (and never calls `completion`) when the
+    /// options are invalid, a dependency is unknown, or the engine is
+    /// shutting down; otherwise `completion` is called exactly once.
+    public func submit(_ body: OperationBody, to queue: Queue, options: UnsafePointer<json_t>?,
+                       completion: Completion?) throws(FetchQError) -> OpID {
+        try refuseIfShuttingDown()
+        var reader = try OptionReader(options, context: "options")
+        let common = try CommonOptions(reading: &reader, config: config)
+        try reader.finish()
+        return try enqueue(body, queue: queue.id, common: common, host: nil, completion: completion)
+    }
+
+    /// Submits an HTTP request (`request`: method, url, headers, query, body).
+    public func submitRequest(_ request: UnsafePointer<json_t>?, to queue: Queue, options: UnsafePointer<json_t>?,
+                              completion: Completion?) throws(FetchQError) -> OpID {
+        try refuseIfShuttingDown()
+        var reader = try OptionReader(options, context: "options")
+        let common = try CommonOptions(reading: &reader, config: config)
+        let job = try NetworkJob.makeRequest(request, options: &reader, config: config)
+        try reader.finish()
+        return try enqueueNetwork(job, queue: queue.id, common: common, completion: completion)
+    }
+
+    /// Submits a search: `query` goes into the endpoint's URL template; the
+    /// value is {"query", "items", "count"}.
+    public func submitSearch(_ query: String, to queue: Queue, options: UnsafePointer<json_t>?,
+                             completion: Completion?) throws(FetchQError) -> OpID {
+        try refuseIfShuttingDown()
+        var reader = try OptionReader(options, context: "options")
+        let common = try CommonOptions(reading: &reader, config: config)
+        let job = try NetworkJob.makeSearch(query, options: &reader, config: config, openStore: store(path:))
+        try reader.finish()
+        return try enqueueNetwork(job, queue: queue.id, common: common, completion: completion)
+    }
+
+    /// Submits a fan-out search: one child search per distinct query (each a
+    /// normal operation of `queue`, honouring its limits and priorities) and a
+    /// parent that collects them and completes once with the merged,
+    /// de-duplicated, sorted items. Cancelling the parent cancels the children.
+    public func submitSearchAll(_ queries: [String], to queue: Queue, options: UnsafePointer<json_t>?,
+                                completion: Completion?) throws(FetchQError) -> OpID {
+        try refuseIfShuttingDown()
+        var reader = try OptionReader(options, context: "options")
+        let common = try CommonOptions(reading: &reader, config: config)
+        let failFast = try reader.bool("fail_fast") ?? false
+        let childEvents = try reader.bool("child_events") ?? false
+        let template = try SearchTemplate(reading: &reader, config: config, openStore: store(path:))
+        try reader.finish()
+        guard !common.barrier else { throw FetchQError(.invalid, "options.barrier: not supported for search-all") }
+        var unique: [String] = []
+        for q in queries where !unique.contains(q) { unique.append(q) }
+        guard !unique.isEmpty else { throw FetchQError(.invalid, "search-all needs at least one query") }
+        var jobs: [NetworkJob] = []
+        for q in unique { jobs.append(try template.job(for: q)) }
+        let family = SearchAllFamily(template: template, failFast: failFast, childEvents: childEvents)
+
+        let now = monotonicNanos()
+        func spec(host: String?) -> Machine.Spec {
+            var s = Machine.Spec(queue: queue.id)
+            s.priority = common.priority
+            s.qos = common.qos
+            s.group = common.group
+            s.host = host
+            s.dependsOn = common.dependsOn
+            if common.maxWaitMs > 0 { s.startDeadline = now + UInt64(common.maxWaitMs) * 1_000_000 }
+            return s
+        }
+        lock.lock()
+        guard !shuttingDown else {
+            lock.unlock()
+            throw FetchQError(.shutdown, "the engine is being freed")
+        }
+        var actions: [Machine.Action] = []
+        for (q, job) in zip(unique, jobs) {
+            switch machine.submit(spec(host: job.host), now: now) {
+            case .success(let (id, more)):
+                let child = Operation(id: id, queue: queue.id, qos: common.qos, body: .network(job), completion: nil, engine: self)
+                child.family = family
+                live[id] = child
+                family.children.append(id)
+                family.queries[id] = q
+                actions += more
+            case .failure(let error):
+                // Only the first child can fail (they share queue and deps).
+                lock.unlock()
+                throw error
+            }
+        }
+        var parentSpec = spec(host: nil)
+        parentSpec.dependsOn = []
+        parentSpec.startDeadline = nil
+        parentSpec.collects = family.children
+        guard case .success(let (parentID, more)) = machine.submit(parentSpec, now: now) else {
+            fatalError("submitting a search-all parent over live children cannot fail")
+        }
+        let parent = Operation(id: parentID, queue: queue.id, qos: common.qos,
+                               body: .block { op in family.merge(op) }, completion: completion, engine: self)
+        parent.family = family
+        family.parent = parentID
+        live[parentID] = parent
+        outstanding[queue.id, default: 0] += family.children.count + 1
+        outstandingTotal += family.children.count + 1
+        let work = resolve(actions + more)
+        lock.unlock()
+        execute(work)
+        if common.maxWaitMs > 0 { timer.kick() }
+        return parentID
+    }
+
+    /// The item store at `path`, opened once and kept for the engine's life.
+    func store(path: String) throws(FetchQError) -> ItemStore {
+        let store = try ItemStore.shared(path: path)
+        lock.withLock { stores[store.path] = store }
+        return store
+    }
+
+    /// A network operation: coalesced with an identical in-flight GET when
+    /// it can be (no dependencies, no barrier), else queued on its own.
+    func enqueueNetwork(_ job: NetworkJob, queue: QueueID, common: CommonOptions,
+                                completion: Completion?) throws(FetchQError) -> OpID {
+        guard let key = job.coalesceKey, common.dependsOn.isEmpty, !common.barrier else {
+            return try enqueue(.network(job), queue: queue, common: common, host: job.host, completion: completion)
+        }
+        let now = monotonicNanos()
+        lock.lock()
+        guard !shuttingDown else {
+            lock.unlock()
+            throw FetchQError(.shutdown, "the engine is being freed")
+        }
+        var actions: [Machine.Action] = []
+        let shared: SharedTransfer
+        if let existing = coalesced[key] {
+            shared = existing
+        } else {
+            // The carrier: internal, in this queue, with this caller's limits.
+            shared = SharedTransfer(key: key, priority: common.priority)
+            var spec = Machine.Spec(queue: queue)
+            spec.priority = common.priority
+            spec.qos = common.qos
+            spec.host = job.host
+            spec.isInternal = true
+            if common.maxWaitMs > 0 { spec.startDeadline = now + UInt64(common.maxWaitMs) * 1_000_000 }
+            switch machine.submit(spec, now: now) {
+            case .success(let (id, more)):
+                let carrier = Operation(id: id, queue: queue, qos: common.qos, body: .network(job), completion: nil, engine: self)
+                carrier.carries = shared
+                live[id] = carrier
+                shared.carrier = id
+                coalesced[key] = shared
+                actions += more
+            case .failure(let error):
+                lock.unlock()
+                throw error
+            }
+        }
+        var spec = Machine.Spec(queue: queue)
+        spec.priority = common.priority
+        spec.qos = common.qos
+        spec.group = common.group
+        spec.attached = true
+        guard case .success(let (id, more)) = machine.submit(spec, now: now) else {
+            lock.unlock()
+            throw FetchQError(.invalid, "the queue has been freed")
+        }
+        let caller = Operation(id: id, queue: queue, qos: common.qos, body: .network(job), completion: completion, engine: self)
+        caller.shared = shared
+        shared.callers.append(caller)
+        live[id] = caller
+        outstanding[queue, default: 0] += 1
+        outstandingTotal += 1
+        actions += more
+        if common.priority.rawValue > shared.priority.rawValue {
+            shared.priority = common.priority
+            if case .success(let more) = machine.setPriority(shared.carrier, common.priority, now: now) { actions += more }
+        }
+        let work = resolve(actions)
+        lock.unlock()
+        execute(work)
+        if common.maxWaitMs > 0 { timer.kick() }
+        return id
+    }
+
+    /// Receives progress events of operations submitted with "progress".
+    public func setEventHandler(_ handler: EventHandler?) {
+        lock.withLock { eventHandler = handler }
+    }
+
+    func enqueue(_ body: OperationBody, queue: QueueID, common: CommonOptions, host: String?,
+                 completion: Completion?) throws(FetchQError) -> OpID {
+        let now = monotonicNanos()
+        var spec = Machine.Spec(queue: queue)
+        spec.priority = common.priority
+        spec.qos = common.qos
+        spec.group = common.group
+        spec.host = host
+        spec.dependsOn = common.dependsOn
+        spec.barrier = common.barrier
+        if common.maxWaitMs > 0 { spec.startDeadline = now + UInt64(common.maxWaitMs) * 1_000_000 }
+
+        lock.lock()
+        guard !shuttingDown else {
+            lock.unlock()
+            throw FetchQError(.shutdown, "the engine is being freed")
+        }
+        let submitted = machine.submit(spec, now: now)
+        guard case .success(let (id, actions)) = submitted else {
+            lock.unlock()
+            if case .failure(let error) = submitted { throw error }
+            fatalError("unreachable")
+        }
+        live[id] = Operation(id: id, queue: queue, qos: common.qos, body: body, completion: completion, engine: self)
+        outstanding[queue, default: 0] += 1
+        outstandingTotal += 1
+        let work = resolve(actions)
+        lock.unlock()
+        execute(work)
+        if spec.startDeadline != nil { timer.kick() }
+        return id
+    }
+}
+
+/// The options every submit accepts (include/fetchq.h, "Options common to
+/// every submit").
+struct CommonOptions {
+    var priority = Priority.normal
+    var qos = QoS.default
+    var group: String? = nil
+    var dependsOn: [OpID] = []
+    var barrier = false
+    var maxWaitMs = 0
+
+    init(reading r: inout OptionReader, config: EngineConfig) throws(FetchQError) {
+        maxWaitMs = config.network.maxWaitMs
+        if let v = r.value("priority") {
+            switch v.pointee.type {
+            case JSON_INTEGER:
+                guard let p = Priority(rawValue: Int(json_integer_value(v))) else {
+                    throw FetchQError(.invalid, "\(r.path("priority")): \(json_integer_value(v)) is not one of -8, -4, 0, 4, 8")
+                }
+                priority = p
+            case JSON_STRING:
+                let name = jsonString(v)
+                guard let p = Priority(name: name) else {
+                    throw FetchQError(.invalid, "\(r.path("priority")): \"\(name)\" is not one of \"very-low\", \"low\", \"normal\", \"high\", \"very-high\"")
+                }
+                priority = p
+            default:
+                throw r.typeError("priority", "one of -8, -4, 0, 4, 8 or a priority name", v)
+            }
+        }
+        if let name = try r.choice("qos", QoS.allCases.reversed().map(\.name)) { qos = QoS(name: name)! }
+        if let g = try r.string("group") { group = g }
+        if let v = r.value("depends_on") {
+            guard v.pointee.type == JSON_ARRAY else { throw r.typeError("depends_on", "an array of operation ids", v) }
+            for i in 0..<json_array_size(v) {
+                let item = json_array_get(v, i)!
+                guard item.pointee.type == JSON_INTEGER, json_integer_value(item) > 0 else {
+                    throw FetchQError(.invalid, "\(r.path("depends_on"))[\(i)]: expected an operation id (an integer > 0)")
+                }
+                dependsOn.append(json_integer_value(item))
+            }
+        }
+        if let b = try r.bool("barrier") { barrier = b }
+        if let n = try r.int("max_wait_ms", in: 0...86_400_000) { maxWaitMs = n }
+    }
+}
