@@ -357,7 +357,8 @@ fq_op_id fq_submit_async(fq_queue *queue, fq_async_fn fn, const json_t *options,
 
 /* An HTTP request. `request` is BORROWED:
  *   "method"   any HTTP method token (default "GET")
- *   "url"      required; http:// or https:// only (others: FQ_ERR_INVALID)
+ *   "url"      required; http:// or https:// only, with no space or control
+ *              character (percent-encode them); otherwise FQ_ERR_INVALID
  *   "headers"  an object of strings; a name that is not a token or a value
  *              with CR, LF or NUL is FQ_ERR_INVALID
  *   "query"    an object of strings/numbers/booleans, URL-encoded (RFC 3986)
@@ -435,7 +436,9 @@ int fq_engine_set_event_fn(fq_engine *engine, fq_event_fn fn, void *userdata);
 fq_op_id fq_event_op_id(const fq_event *event);
 fq_event_type fq_event_get_type(const fq_event *event);
 /* FQ_EVENT_PROGRESS: bytes received so far and expected in all (0 when the
- * server did not say). Either pointer may be NULL. */
+ * server did not say). Either pointer may be NULL. Events are throttled by
+ * "progress_interval_ms"; a successful transfer's last event always has
+ * received == the body's size. */
 int fq_event_progress(const fq_event *event, uint64_t *received, uint64_t *expected);
 /* FQ_EVENT_CHILD: fq_event_op_id() is the parent's id; this is the child's
  * result (its own id, outcome, status, value {"query","items","count"} or
@@ -488,7 +491,10 @@ const fq_result *fq_op_dependency(const fq_op *op, fq_op_id dep);
  * callback is queued for delivery). Running: block and async bodies see
  * fq_op_is_cancelled() and end FQ_CANCELLED when they return/finish; network
  * operations are aborted at once. FQ_ERR_NOT_FOUND if it already finished
- * or never existed. Cancelling twice is harmless (FQ_OK). */
+ * otherwise or never existed. Cancelling an operation that was already
+ * cancelled (by a cancel, not by a failed dependency) returns FQ_OK while the
+ * engine remembers it (see config "history"), so cancelling twice is
+ * harmless. */
 int fq_cancel(fq_engine *engine, fq_op_id id);
 
 /* Cancels every unfinished operation whose "group" is `group`. Returns how
@@ -550,6 +556,9 @@ json_t *fq_store_items(fq_store *store, const char *collection, const char *sort
  * NULL when there is none (FQ_OK either way). */
 int fq_store_get(fq_store *store, const char *collection, const char *id, json_t **item);
 
+/* The same for an id of any JSON type (BORROWED), e.g. a number. */
+int fq_store_get_json(fq_store *store, const char *collection, const json_t *id, json_t **item);
+
 /* How many items `collection` holds (>= 0), or a negative status. */
 int64_t fq_store_count(fq_store *store, const char *collection);
 
@@ -563,7 +572,8 @@ int fq_store_upsert(fq_store *store, const char *collection, const json_t *items
 /* Network operations; other operations give 0 / NULL. All BORROWED: valid
  * during the callback. */
 
-/* The final response's HTTP status (after redirects), 0 if none arrived. */
+/* The final response's HTTP status (after redirects); 0 unless a whole
+ * response arrived (a transfer that failed midway reports 0). */
 long fq_result_http_status(const fq_result *result);
 /* The response headers as an object: lower-cased names, repeated headers
  * joined with ", ". */

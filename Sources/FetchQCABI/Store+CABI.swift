@@ -86,3 +86,15 @@ public func fq_store_upsert(_ handle: OpaquePointer?, _ collection: UnsafePointe
         report?.pointee = r.json().newReference()
     }
 }
+
+@c @implementation
+public func fq_store_get_json(_ handle: OpaquePointer?, _ collection: UnsafePointer<CChar>?, _ id: UnsafePointer<json_t>?,
+                              _ item: UnsafeMutablePointer<UnsafeMutablePointer<json_t>?>?) -> Int32 {
+    item?.pointee = nil
+    guard let s = store(handle), let collection = string(collection), let id, let item else {
+        return fail(.invalid, "NULL store, collection, id or item")
+    }
+    return status { () throws(FetchQError) in
+        item.pointee = try s.item(collection: collection, id: JSONRef(borrowed: UnsafeMutablePointer(mutating: id)))?.newReference()
+    }
+}

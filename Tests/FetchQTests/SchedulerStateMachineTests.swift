@@ -143,6 +143,12 @@ import Testing
         #expect(byID[b]?.2 == .dependency)
         #expect(byID[b]?.3 == "dependency \(a) failed")
         #expect(byID[c]?.3 == "dependency \(b) was cancelled")
+        // Ended by a dependency, not by a cancel: cancelling it now is "not found".
+        guard case .failure(let e) = m.cancel(b, now: 0) else {
+            Issue.record("cancel of an op ended by its dependency reported success")
+            return
+        }
+        #expect(e.status == .notFound)
         #expect(m.isLive(d))
         #expect(m.counters.cancelled == 2)
         #expect(m.counters.failed == 1)
@@ -343,12 +349,31 @@ import Testing
         #expect(m.isLive(a))  // it ends when the runtime reports it
         #expect(try! m.cancel(a, now: 0).get().isEmpty)  // twice: harmless
         _ = m.finished(a, .cancelled, payload: nil, now: 0)
-        guard case .failure(let e) = m.cancel(a, now: 0) else {
-            Issue.record("cancel after finish accepted")
+        #expect(try! m.cancel(a, now: 0).get().isEmpty)  // cancelled already: harmless
+        #expect(try! m.cancel(b, now: 0).get().isEmpty)
+        let (c, _) = submit(&m, q)
+        _ = m.finished(c, .succeeded, payload: nil, now: 0)
+        guard case .failure(let e) = m.cancel(c, now: 0) else {
+            Issue.record("cancel after success accepted")
             return
         }
         #expect(e.status == .notFound)
         #expect(m.counters.cancelled == 2)
+    }
+
+    @Test func attachedOperationsBelongToTheirGroup() {
+        var m = Machine()
+        let q = m.addQueue(name: "q", maxConcurrent: 1)
+        var spec = Machine.Spec(queue: q)
+        spec.attached = true
+        spec.group = "g"
+        let (a, _) = try! m.submit(spec, now: 0).get()
+        let (count, actions) = m.cancelGroup("g", now: 0)
+        #expect(count == 1)
+        guard case .cancelRunning(a) = actions.first else {
+            Issue.record("expected the attached op to be handed to the runtime, got \(actions)")
+            return
+        }
     }
 
     @Test func cancelGroupTouchesOnlyThatGroup() {

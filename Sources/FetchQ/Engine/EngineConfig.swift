@@ -79,10 +79,13 @@ public struct NetworkLimits: Sendable {
         if let n = try r.int("max_response_bytes", in: 1...(1 << 40)) { maxResponseBytes = n }
         if let n = try r.int("max_json_depth", in: 1...100_000) { maxJSONDepth = n }
         if let b = try r.bool("verify_tls") { verifyTLS = b }
-        if let s = try r.string("ca_file") { caFile = s }
+        if let s = try r.string("ca_file") {
+            guard !s.utf8.contains(0) else { throw FetchQError(.invalid, "\(r.path("ca_file")): must not contain NUL") }
+            caFile = s
+        }
         if let s = try r.string("user_agent") {
-            guard !s.utf8.contains(where: { $0 == 13 || $0 == 10 }) else {
-                throw FetchQError(.invalid, "\(r.path("user_agent")): must not contain CR or LF")
+            guard !s.utf8.contains(where: { $0 == 13 || $0 == 10 || $0 == 0 }) else {
+                throw FetchQError(.invalid, "\(r.path("user_agent")): must not contain CR, LF or NUL")
             }
             userAgent = s
         }

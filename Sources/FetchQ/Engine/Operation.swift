@@ -41,6 +41,8 @@ public final class Operation: @unchecked Sendable {
     var transfer: TransferID? = nil
     /// Attempts made so far (retries), guarded by the engine's lock.
     var attempts = 0
+    /// The last progress reported (received, expected), guarded by the engine's lock.
+    var lastProgress: (UInt64, UInt64) = (0, 0)
     /// A coalesced caller: the transfer it shares (guarded by the engine's lock).
     var shared: SharedTransfer?
     /// A carrier: the engine-internal operation running a shared transfer.

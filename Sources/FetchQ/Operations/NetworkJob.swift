@@ -246,6 +246,11 @@ struct NetworkSettings: Sendable {
         guard let host = URLUtilities.hostOf(url: url) else {
             throw FetchQError(.invalid, "url \"\(url)\": only absolute http:// and https:// URLs with a host are allowed")
         }
+        // Spaces and control characters must be percent-encoded: refused
+        // here, at submit, rather than by the transport later.
+        guard !url.utf8.contains(where: { $0 <= 0x20 || $0 == 0x7F }) else {
+            throw FetchQError(.invalid, "url \"\(url)\": contains a space or a control character (percent-encode it)")
+        }
         for (name, value) in headers {
             guard !name.isEmpty, name.utf8.allSatisfy(isTokenByte) else {
                 throw FetchQError(.invalid, "header name \"\(name)\" is not a valid HTTP token")

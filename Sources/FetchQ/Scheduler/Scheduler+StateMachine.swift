@@ -163,6 +163,8 @@ struct SchedulerStateMachine<Payload> {
     struct Finished {
         var outcome: Outcome
         var payload: Payload?
+        /// Ended by a cancel of its own (not a failed dependency).
+        var cancelled = false
     }
 
     private(set) var config: Config
@@ -273,11 +275,11 @@ struct SchedulerStateMachine<Payload> {
         }
         queues[spec.queue]!.counters.queued += 1
         counters.queued += 1
+        if let group = spec.group { groups[group, default: []].insert(id) }
         if spec.attached {
             ops[id]!.state = .attached
             return .success((id, []))
         }
-        if let group = spec.group { groups[group, default: []].insert(id) }
         if let deadline = spec.startDeadline { deadlines.insert(id, key: deadline) }
 
         var actions: [Action] = []
@@ -406,6 +408,8 @@ struct SchedulerStateMachine<Payload> {
     /// is told to abort it; it ends when the runtime reports `finished`.
     mutating func cancel(_ id: OpID, now: UInt64) -> Result<[Action], FetchQError> {
         guard ops[id] != nil else {
+            // Cancelling twice is harmless, while the operation is remembered.
+            if history[id]?.cancelled == true { return .success([]) }
             return .failure(FetchQError(.notFound, history[id] != nil
                 ? "operation \(id) has already finished" : "no operation \(id)"))
         }
@@ -466,7 +470,7 @@ struct SchedulerStateMachine<Payload> {
             counters.running -= 1
             if let host = op.host { hostRunning[host, default: 1] -= 1 }
         }
-        retire([(id, op, outcome, payload)], now: now, into: &actions)
+        retire([(id, op, outcome, payload, outcome == .cancelled && op.cancelRequested)], now: now, into: &actions)
         schedule(now: now, into: &actions)
         return actions
     }
@@ -476,7 +480,7 @@ struct SchedulerStateMachine<Payload> {
     private mutating func end(_ id: OpID, _ outcome: Outcome, _ status: FQStatus, _ message: String,
                               now: UInt64, into actions: inout [Action]) {
         if let op = markEnded(id, outcome, status, message, into: &actions) {
-            retire([(id, op, outcome, nil)], now: now, into: &actions)
+            retire([(id, op, outcome, nil, status == .cancelled)], now: now, into: &actions)
         }
     }
 
@@ -494,10 +498,10 @@ struct SchedulerStateMachine<Payload> {
 
     /// Books removed operations as finished and settles their dependents.
     /// Iterative, so a long chain of failures cannot overflow the stack.
-    private mutating func retire(_ first: [(OpID, Op, Outcome, Payload?)], now: UInt64,
+    private mutating func retire(_ first: [(OpID, Op, Outcome, Payload?, Bool)], now: UInt64,
                                  into actions: inout [Action]) {
         var pending = first
-        while let (id, op, outcome, payload) = pending.popLast() {
+        while let (id, op, outcome, payload, byCancel) = pending.popLast() {
             queues[op.queue]!.unfinished.remove(id)
             if !op.isInternal {
                 queues[op.queue]!.counters.count(outcome)
@@ -508,12 +512,12 @@ struct SchedulerStateMachine<Payload> {
                 groups[group]?.remove(id)
                 if groups[group]?.isEmpty == true { groups[group] = nil }
             }
-            remember(id, Finished(outcome: outcome, payload: outcome == .succeeded ? payload : nil))
+            remember(id, Finished(outcome: outcome, payload: outcome == .succeeded ? payload : nil, cancelled: byCancel))
             for dependent in op.dependents where ops[dependent.id] != nil {
                 if dependent.edge == .strict && outcome != .succeeded {
                     let message = Self.dependencyMessage(id, outcome)
                     if let removed = markEnded(dependent.id, .cancelled, .dependency, message, into: &actions) {
-                        pending.append((dependent.id, removed, .cancelled, nil))
+                        pending.append((dependent.id, removed, .cancelled, nil, false))
                     }
                     continue
                 }
