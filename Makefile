@@ -20,8 +20,8 @@ SWIFT_RELEASE_FLAGS := -c release -Xswiftc -static-stdlib \
 CFLAGS_TEST := -std=c11 -O1 -g -Wall -Wextra -Werror -D_GNU_SOURCE -I$(BUILD)/include
 LDFLAGS_TEST := -L$(BUILD)/lib -lfetchq -ljansson -lpthread -Wl,-rpath,$(BUILD)/lib
 
-APT_PACKAGES := libjansson-dev libcurl4-openssl-dev libsqlite3-dev pkg-config python3-pip
-.PHONY: all deps lib test test-swift test-c test-exports test-python test-examples test-install test-docs demo install uninstall clean
+APT_PACKAGES := libjansson-dev libcurl4-openssl-dev libsqlite3-dev pkg-config python3-pip openssl
+.PHONY: all deps lib test test-swift test-c test-exports test-python test-examples test-install test-docs test-cli demo install uninstall clean
 
 all: lib
 
@@ -36,17 +36,22 @@ deps:
 
 lib: deps
 	$(SWIFT) build $(SWIFT_RELEASE_FLAGS) --product fetchq
+	$(SWIFT) build $(SWIFT_RELEASE_FLAGS) --product fetchq-cli
+	@mkdir -p $(BUILD)/bin
+	cp .build/release/fetchq-cli $(BUILD)/bin/.fetchq.tmp && mv -f $(BUILD)/bin/.fetchq.tmp $(BUILD)/bin/fetchq
 	@mkdir -p $(BUILD)/lib/pkgconfig $(BUILD)/include
-	cp .build/release/libfetchq.so $(BUILD)/lib/libfetchq.so.$(VERSION)
+	@# A new file, renamed into place: processes using the old one keep it.
+	cp .build/release/libfetchq.so $(BUILD)/lib/.libfetchq.so.tmp
+	mv -f $(BUILD)/lib/.libfetchq.so.tmp $(BUILD)/lib/libfetchq.so.$(VERSION)
 	ln -sf libfetchq.so.$(VERSION) $(BUILD)/lib/$(SONAME)
 	ln -sf $(SONAME) $(BUILD)/lib/libfetchq.so
-	cp include/fetchq.h $(BUILD)/include/fetchq.h
+	cp include/fetchq.h $(BUILD)/include/.fetchq.h.tmp && mv -f $(BUILD)/include/.fetchq.h.tmp $(BUILD)/include/fetchq.h
 	@sed -e 's|@PREFIX@|$(BUILD)|' -e 's|@VERSION@|$(VERSION)|' tools/fetchq.pc.in > $(BUILD)/lib/pkgconfig/fetchq.pc
 	@if ldd $(BUILD)/lib/libfetchq.so | grep -i swift; then echo "error: libfetchq.so links a Swift runtime library" >&2; exit 1; fi
 
 # Every suite; each prints its own summary. Runs them all even if one fails,
 # then fails if any did.
-TEST_SUITES := test-exports test-c test-swift test-support test-install test-docs $(if $(wildcard bindings/python/tests),test-python) \
+TEST_SUITES := test-exports test-c test-swift test-support test-install test-docs test-cli $(if $(wildcard bindings/python/tests),test-python) \
 	$(if $(wildcard tools/run-examples.sh),test-examples)
 test: lib
 	@failed=""; for t in $(TEST_SUITES); do \
@@ -58,9 +63,20 @@ test: lib
 test-support:
 	python3 -B -m pytest -q -p no:cacheprovider Tests/support/test_testserver.py
 
+# The binding: `pip install ./bindings/python` (with the library copied into
+# the package), the installed package must find its own copy, then pytest.
 test-python: lib
-	cp -P $(BUILD)/lib/libfetchq.so* bindings/python/fetchq/
+	cp $(BUILD)/lib/libfetchq.so.$(VERSION) bindings/python/fetchq/.libfetchq.tmp
+	mv -f bindings/python/fetchq/.libfetchq.tmp bindings/python/fetchq/$(SONAME)
+	python3 -m pip install -q --force-reinstall --no-deps ./bindings/python \
+		|| python3 -m pip install -q --force-reinstall --no-deps --break-system-packages ./bindings/python
+	rm -rf bindings/python/build bindings/python/*.egg-info
+	cd /tmp && env -u FETCHQ_LIBRARY python3 -B -c 'import fetchq, sys; p = fetchq.library_path(); print("installed fetchq loads", p); sys.exit("site-packages" not in p)'
 	cd bindings/python && FETCHQ_LIBRARY=$(BUILD)/lib/$(SONAME) python3 -B -m pytest -q -p no:cacheprovider tests
+
+# The CLI against the test server (Ctrl-C, progress bar under a pty, ...).
+test-cli: lib
+	FETCHQ_CLI=$(BUILD)/bin/fetchq python3 -B -m pytest -q -p no:cacheprovider Tests/cli/test_cli.py
 
 test-examples: lib
 	bash tools/run-examples.sh

@@ -8,9 +8,12 @@ let package = Package(
     products: [
         .library(name: "fetchq", type: .dynamic, targets: ["FetchQCABI"]),
         .library(name: "FetchQ", targets: ["FetchQ"]),
+        // Installed as `fetchq` (the library product already has that name).
+        .executable(name: "fetchq-cli", targets: ["fetchq-cli"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-log", exact: "1.16.2"),
+        .package(url: "https://github.com/apple/swift-argument-parser", exact: "1.8.2"),
     ],
     targets: [
         .systemLibrary(
@@ -34,6 +37,10 @@ let package = Package(
             name: "FetchQCABI",
             dependencies: ["FetchQ", "CFetchQ", "CJansson", .product(name: "Logging", package: "swift-log")],
             swiftSettings: [.swiftLanguageMode(.v6)]),
+        .executableTarget(
+            name: "fetchq-cli",
+            dependencies: ["FetchQ", .product(name: "ArgumentParser", package: "swift-argument-parser")],
+            path: "Sources/fetchq-cli", swiftSettings: [.swiftLanguageMode(.v6)]),
         .testTarget(
             name: "FetchQTests", dependencies: ["FetchQ", "CJansson"],
             swiftSettings: [.swiftLanguageMode(.v6)]),

@@ -1,0 +1,51 @@
+import Glibc
+import Synchronization
+
+/// Everything the CLI writes: JSON lines on stdout, messages and the
+/// progress bar on stderr. One lock orders them, so a message never lands
+/// in the middle of the bar and the bar is cleared before it.
+final class Console: Sendable {
+    private struct State {
+        /// The bar is on screen (the cursor is at the end of its line).
+        var barShown = false
+    }
+
+    private let state = Mutex(State())
+    /// stdout is the same kind of terminal the bar draws on: clear the bar
+    /// before writing a result line too.
+    private let stdoutIsTTY = isatty(1) == 1
+
+    /// One JSON value as a line on stdout.
+    func result(_ line: String) {
+        var bytes = Array(line.utf8)
+        bytes.append(10)
+        state.withLock { s in
+            if s.barShown && stdoutIsTTY {
+                writeAll(2, Array("\r\u{1B}[K".utf8))
+                s.barShown = false
+            }
+            writeAll(1, bytes)
+        }
+    }
+
+    /// A message on stderr, prefixed "fetchq: ".
+    func error(_ message: String) {
+        let bytes = Array("fetchq: \(message)\n".utf8)
+        state.withLock { s in
+            if s.barShown {
+                writeAll(2, Array("\r\u{1B}[K".utf8))
+                s.barShown = false
+            }
+            writeAll(2, bytes)
+        }
+    }
+
+    /// Draws (or redraws) the bar; `final` ends its line.
+    func bar(_ text: String, final: Bool) {
+        let bytes = Array("\r\(text)\u{1B}[K\(final ? "\n" : "")".utf8)
+        state.withLock { s in
+            writeAll(2, bytes)
+            s.barShown = !final
+        }
+    }
+}

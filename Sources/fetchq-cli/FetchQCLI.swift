@@ -1,0 +1,48 @@
+import ArgumentParser
+import FetchQ
+
+/// `fetchq`: the command-line front end of the engine (see docs/cli.md).
+@main
+struct FetchQCLI: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "fetchq",
+        abstract: "Fetch and parse many URLs at once on a fetchq operation queue.",
+        discussion: """
+            Results are JSON lines on stdout; errors go to stderr. A progress bar \
+            (operations done/total, bytes, rate) is drawn on stderr when it is a terminal. \
+            Ctrl-C cancels every operation and waits for each to end.
+
+            Exit status: 0 every operation succeeded; 1 at least one failed; 2 usage \
+            error (including an option value the engine rejects); 130 interrupted by Ctrl-C.
+
+            Examples (test server: python3 Tests/support/testserver.py --port 8000):
+              fetchq search --results /results --sort /created_at --merged \\
+                  --url 'http://127.0.0.1:8000/search?q={query}&rpp=500' swift rust
+              fetchq get 'http://127.0.0.1:8000/json?size=100' http://127.0.0.1:8000/
+              fetchq request -X POST -H 'Content-Type: text/plain' --data 'hello' \\
+                  http://127.0.0.1:8000/echo
+            """,
+        version: fetchqVersionString,
+        subcommands: [Search.self, Get.self, Request.self])
+
+    /// ArgumentParser's `main`, except that usage errors exit with status 2
+    /// (its default is EX_USAGE, 64).
+    static func main() {
+        do {
+            var command = try parseAsRoot(nil)
+            try command.run()
+        } catch {
+            if exitCode(for: error) == .validationFailure {
+                var stderr = StandardError()
+                print(fullMessage(for: error), to: &stderr)
+                exit(withError: ExitCode(2))
+            }
+            exit(withError: error)
+        }
+    }
+}
+
+/// `print(..., to:)` target for stderr.
+struct StandardError: TextOutputStream {
+    mutating func write(_ string: String) { writeAll(2, Array(string.utf8)) }
+}

@@ -1,0 +1,58 @@
+import Glibc
+
+/// The closure a thread runs, boxed to cross pthread_create's void pointer.
+private final class ThreadBody {
+    let run: @Sendable () -> Void
+    init(_ run: @escaping @Sendable () -> Void) { self.run = run }
+}
+
+/// Starts a joinable pthread running `body`.
+@discardableResult
+func startThread(_ body: @escaping @Sendable () -> Void) -> pthread_t {
+    let box = Unmanaged.passRetained(ThreadBody(body)).toOpaque()
+    var tid = pthread_t()
+    let rc = pthread_create(&tid, nil, { raw in
+        Unmanaged<ThreadBody>.fromOpaque(raw!).takeRetainedValue().run()
+        return nil
+    }, box)
+    precondition(rc == 0, "pthread_create failed: \(rc)")
+    return tid
+}
+
+/// Seconds since an arbitrary fixed point (CLOCK_MONOTONIC).
+func monotonicSeconds() -> Double {
+    var ts = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return Double(ts.tv_sec) + Double(ts.tv_nsec) / 1e9
+}
+
+/// Writes all of `bytes` to `fd`, retrying after EINTR and short writes.
+/// A reader that went away (`fetchq ... | head`) ends the process by
+/// SIGPIPE, as for any Unix filter; if SIGPIPE happens to be ignored at that
+/// moment (libcurl ignores it around its own calls), EPIPE on stdout ends it
+/// the same way, with status 141. Other errors are dropped.
+func writeAll(_ fd: Int32, _ bytes: [UInt8]) {
+    bytes.withUnsafeBytes { raw in
+        var offset = 0
+        while offset < raw.count {
+            let n = write(fd, raw.baseAddress! + offset, raw.count - offset)
+            if n > 0 {
+                offset += n
+            } else if n < 0 && errno == EINTR {
+                continue
+            } else if n < 0 && errno == EPIPE && fd == 1 {
+                _exit(128 + SIGPIPE)
+            } else {
+                return
+            }
+        }
+    }
+}
+
+/// pipe(2) with both ends close-on-exec; nil on failure.
+func makePipe() -> (read: Int32, write: Int32)? {
+    var fds: [Int32] = [-1, -1]
+    guard pipe(&fds) == 0 else { return nil }
+    for fd in fds { _ = fcntl(fd, F_SETFD, FD_CLOEXEC) }
+    return (fds[0], fds[1])
+}

@@ -1,0 +1,579 @@
+"""Tests of the fetchq CLI (Sources/fetchq-cli), run as a subprocess against
+the shared test server (Tests/support/testserver.py).
+
+The binary is $FETCHQ_CLI, else .build/debug/fetchq-cli (build it with
+`swift build --product fetchq-cli`).
+
+    python3 -m pytest -q Tests/cli/test_cli.py
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import pty
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVER = ROOT / "Tests" / "support" / "testserver.py"
+DOCS = ROOT / "docs" / "cli.md"
+DOC_PORT = "8000"  # the port the examples in docs/cli.md and --help use
+
+
+# ---------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="session")
+def cli() -> str:
+    path = os.environ.get("FETCHQ_CLI") or str(ROOT / ".build" / "debug" / "fetchq-cli")
+    if not os.access(path, os.X_OK):
+        pytest.fail(f"{path} not found: build it with `swift build --product fetchq-cli` or set FETCHQ_CLI")
+    return path
+
+
+@pytest.fixture(scope="module")
+def server():
+    with tempfile.TemporaryDirectory() as tmp:
+        port_file = os.path.join(tmp, "port")
+        proc = subprocess.Popen(
+            [sys.executable, str(SERVER), "--port", "0", "--port-file", port_file,
+             "--parent-pid", str(os.getpid()), "--max-seconds", "900"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        try:
+            line = proc.stdout.readline()
+            assert line.startswith(b"PORT "), line
+            yield f"http://127.0.0.1:{int(line.split()[1])}"
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+
+
+def get_json(url: str):
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def stats(base: str) -> dict:
+    return get_json(base + "/stats")
+
+
+def reset(base: str) -> None:
+    get_json(base + "/stats/reset")
+
+
+def run(cli: str, *args: str, input: bytes | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([cli, *args], input=input, capture_output=True, timeout=timeout)
+
+
+def lines(out: bytes) -> list:
+    return [json.loads(l) for l in out.decode().splitlines()]
+
+
+def wait_for(predicate, what: str, seconds: float = 10):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def search_url(base: str) -> str:
+    return base + "/search?q={query}&rpp=500"
+
+
+def corpus(base: str, tag: str) -> list:
+    return get_json(f"{base}/corpus?tag={tag}")["results"]
+
+
+def newest_first(items: list) -> list:
+    return sorted(items, key=lambda i: i["created_at"], reverse=True)
+
+
+# ---------------------------------------------------------------- search
+
+
+def test_search_per_query_matches_corpus(cli, server):
+    r = run(cli, "search", "--url", search_url(server), "--results", "/results",
+            "--sort", "/created_at", "swift", "rust", "json")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == b""
+    got = {l["query"]: l for l in lines(r.stdout)}
+    assert sorted(got) == ["json", "rust", "swift"]
+    for tag, line in got.items():
+        expected = newest_first(corpus(server, tag))
+        assert line["count"] == len(expected) > 0
+        assert line["items"] == expected
+        assert list(line) == ["query", "count", "items"]
+
+
+def test_search_order_asc(cli, server):
+    r = run(cli, "search", "--url", search_url(server), "--results", "/results",
+            "--sort", "/created_at", "--order", "asc", "go")
+    assert r.returncode == 0, r.stderr
+    [line] = lines(r.stdout)
+    assert line["items"] == sorted(corpus(server, "go"), key=lambda i: i["created_at"])
+
+
+def merge(per_query: list) -> list:
+    """De-duplicate by id (first occurrence wins, query order), newest first."""
+    seen, items = set(), []
+    for query_items in per_query:
+        for item in query_items:
+            if item["id"] not in seen:
+                seen.add(item["id"])
+                items.append(item)
+    return newest_first(items)
+
+
+def test_search_merged_matches_corpus_and_per_query(cli, server):
+    queries = ["swift", "c", "go"]
+    merged = run(cli, "search", "--url", search_url(server), "--results", "/results",
+                 "--sort", "/created_at", "--merged", *queries)
+    assert merged.returncode == 0, merged.stderr
+    items = lines(merged.stdout)
+    expected = merge([corpus(server, q) for q in queries])
+    assert items == expected
+    # swift and c share items: the merge really de-duplicated something.
+    assert len(items) < sum(len(corpus(server, q)) for q in queries)
+    # The same values as the per-query output, merged here.
+    each = run(cli, "search", "--url", search_url(server), "--results", "/results",
+               "--sort", "/created_at", *queries)
+    assert each.returncode == 0, each.stderr
+    by_query = {l["query"]: l["items"] for l in lines(each.stdout)}
+    assert merge([by_query[q] for q in queries]) == items
+
+
+def test_search_failure_per_query_and_merged(cli, server):
+    r = run(cli, "search", "--url", search_url(server), "--results", "/results",
+            "--sort", "/created_at", "swift", "__fail")
+    assert r.returncode == 1
+    [line] = lines(r.stdout)
+    assert line["query"] == "swift" and line["items"] == newest_first(corpus(server, "swift"))
+    err = r.stderr.decode()
+    assert err.startswith('fetchq: search "__fail": ') and "500" in err
+    assert err.count("\n") == 1
+
+    r = run(cli, "search", "--url", search_url(server), "--results", "/results",
+            "--sort", "/created_at", "--merged", "swift", "__fail", "rust")
+    assert r.returncode == 1
+    assert lines(r.stdout) == merge([corpus(server, "swift"), corpus(server, "rust")])
+    err = r.stderr.decode()
+    assert err.startswith('fetchq: search "__fail": ') and "500" in err
+
+
+def test_search_bad_results_pointer_fails(cli, server):
+    # Without --results the whole document must be the array: it is an object.
+    r = run(cli, "search", "--url", search_url(server), "swift")
+    assert r.returncode == 1
+    assert r.stdout == b""
+    assert 'search "swift"' in r.stderr.decode() and "not an array" in r.stderr.decode()
+
+
+# ---------------------------------------------------------------- get / request
+
+
+def test_get_several_urls(cli, server):
+    urls = [server + "/json?size=100", server + "/status/204", server + "/", server + "/bytes?n=300"]
+    r = run(cli, "get", *urls)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == b""
+    got = {l["url"]: l for l in lines(r.stdout)}
+    assert sorted(got) == sorted(urls)
+    j = got[urls[0]]
+    assert j["method"] == "GET" and j["status"] == 200
+    assert j["json"] == get_json(urls[0])
+    with urllib.request.urlopen(urls[0], timeout=10) as resp:
+        assert j["metrics"]["bytes"] == len(resp.read())
+    assert "headers" not in j
+    assert got[urls[1]]["status"] == 204 and got[urls[1]]["body"] == ""
+    assert got[urls[2]]["json"] == {"server": "fetchq-testserver", "corpus_items": 80}
+    # Bytes 0..299 as i % 251 are not all valid UTF-8 text: base64.
+    raw = base64.b64decode(got[urls[3]]["body_base64"])
+    assert raw == bytes(i % 251 for i in range(300))
+    for line in got.values():
+        assert set(line) <= {"method", "url", "status", "json", "body", "body_base64", "metrics"}
+        assert line["metrics"]["attempts"] == 1
+
+
+def test_get_include_headers_and_request_header(cli, server):
+    r = run(cli, "get", "-i", "-H", "X-Probe:  yes ", server + "/echo")
+    assert r.returncode == 0, r.stderr
+    [line] = lines(r.stdout)
+    assert line["headers"]["content-type"] == "application/json"
+    assert line["headers"]["server"] == "fetchq-testserver"
+    assert line["json"]["headers"]["x-probe"] == "yes"
+
+
+def test_request_method_header_data(cli, server):
+    r = run(cli, "request", "-X", "PUT", "-H", "X-Trace: 42", "--data", "hello", server + "/echo")
+    assert r.returncode == 0, r.stderr
+    [line] = lines(r.stdout)
+    echo = line["json"]
+    assert line["method"] == "PUT" and echo["method"] == "PUT"
+    assert echo["headers"]["x-trace"] == "42"
+    assert echo["body"] == "hello"
+
+
+def test_request_data_from_file_and_stdin(cli, server, tmp_path):
+    text = "héllo\nworld – ünïcode\n"
+    f = tmp_path / "body.txt"
+    f.write_text(text, encoding="utf-8")
+    r = run(cli, "request", "--data", f"@{f}", server + "/echo")
+    assert r.returncode == 0, r.stderr
+    [line] = lines(r.stdout)
+    assert line["method"] == "POST"  # a body makes the default method POST
+    assert line["json"]["body"] == text
+    assert line["json"]["headers"]["content-length"] == str(len(text.encode()))
+
+    r = run(cli, "request", "-X", "PATCH", "--data", "@-", server + "/echo", input=b"from stdin")
+    assert r.returncode == 0, r.stderr
+    [line] = lines(r.stdout)
+    assert line["json"]["method"] == "PATCH" and line["json"]["body"] == "from stdin"
+
+    binary = tmp_path / "body.bin"
+    binary.write_bytes(b"\xff\xfe\x00")
+    r = run(cli, "request", "--data", f"@{binary}", server + "/echo")
+    assert r.returncode == 2 and b"UTF-8" in r.stderr and r.stdout == b""
+
+    r = run(cli, "request", "--data", f"@{tmp_path / 'missing'}", server + "/echo")
+    assert r.returncode == 2 and b"No such file" in r.stderr
+
+
+def test_request_json_body(cli, server):
+    r = run(cli, "request", "--json", '{"name": "fetchq", "n": [1, 2]}', server + "/echo")
+    assert r.returncode == 0, r.stderr
+    echo = lines(r.stdout)[0]["json"]
+    assert echo["method"] == "POST"
+    assert echo["headers"]["content-type"] == "application/json"
+    assert json.loads(echo["body"]) == {"name": "fetchq", "n": [1, 2]}
+
+    r = run(cli, "request", "--json", "{not json", server + "/echo")
+    assert r.returncode == 2 and b"--json" in r.stderr
+
+
+def test_failing_urls_exit_1(cli, server):
+    r = run(cli, "get", server + "/status/404", server + "/json?size=10", "http://127.0.0.1:1/")
+    assert r.returncode == 1
+    [line] = lines(r.stdout)
+    assert line["url"] == server + "/json?size=10"
+    err = r.stderr.decode().splitlines()
+    assert len(err) == 2
+    assert f"fetchq: GET {server}/status/404: HTTP status 404" in err
+    assert any(l.startswith("fetchq: GET http://127.0.0.1:1/: ") for l in err)
+
+
+def test_timeout_option(cli, server):
+    start = time.monotonic()
+    r = run(cli, "get", "--timeout", "0.3", server + "/delay?ms=5000", timeout=30)
+    assert r.returncode == 1
+    assert "/delay?ms=5000" in r.stderr.decode()
+    assert time.monotonic() - start < 4  # the limit applied; not the 5 s delay
+
+
+def test_retry_option(cli, server):
+    r = run(cli, "get", "--retry", "2", server + "/flaky?key=cli-retry-1&fail=2")
+    assert r.returncode == 0, r.stderr
+    [line] = lines(r.stdout)
+    assert line["json"] == {"attempt": 3}
+    assert line["metrics"]["attempts"] == 3
+
+    r = run(cli, "get", server + "/flaky?key=cli-retry-2&fail=1")
+    assert r.returncode == 1 and b"503" in r.stderr
+
+
+def test_concurrency_and_per_host_limits_seen_by_server(cli, server):
+    urls = [f"{server}/delay?ms=300&i={i}" for i in range(6)]
+    reset(server)
+    r = run(cli, "get", "--concurrency", "2", *urls)
+    assert r.returncode == 0, r.stderr
+    assert len(lines(r.stdout)) == 6
+    s = stats(server)
+    assert s["requests"] == 6 and s["max_in_flight"] == 2
+
+    reset(server)
+    r = run(cli, "get", "--concurrency", "8", "--per-host", "1", *urls[:4])
+    assert r.returncode == 0, r.stderr
+    s = stats(server)
+    assert s["requests"] == 4 and s["max_in_flight"] == 1
+
+
+def test_priority_option_passed_to_engine(cli, server):
+    r = run(cli, "get", "--priority", "very-high", "--concurrency", "1", server + "/")
+    assert r.returncode == 0, r.stderr
+    r = run(cli, "get", "--priority", "-4", server + "/")
+    assert r.returncode == 0, r.stderr
+    r = run(cli, "get", "--priority", "3", server + "/")  # not a level: the engine says so
+    assert r.returncode == 2 and b"priority" in r.stderr
+
+
+def test_cache_option_is_passed_through(cli, server):
+    # A mode no engine accepts: the engine's error (unknown key "cache", or a
+    # bad value), never silently ignored.
+    reset(server)
+    r = run(cli, "get", "--cache", "no-such-mode", server + "/cache?key=cli-cache")
+    assert r.returncode == 2
+    assert b"cache" in r.stderr and r.stdout == b""
+    assert stats(server)["requests"] == 0
+    # A real mode: works if the engine has the option, else its message.
+    r = run(cli, "get", "--cache", "reload", server + "/cache?key=cli-cache")
+    if r.returncode == 0:
+        assert lines(r.stdout)[0]["json"]["key"] == "cli-cache"
+    else:
+        assert r.returncode == 2 and b'unknown key "cache"' in r.stderr
+
+
+# ---------------------------------------------------------------- usage errors
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["get"], "at least one URL"),
+    (["search", "swift"], "--url"),
+    (["search", "--url", "http://x/?q={query}"], "at least one query"),
+    (["get", "--concurrency", "0", "http://x/"], "--concurrency"),
+    (["get", "--timeout", "-1", "http://x/"], "--timeout"),
+    (["get", "--bogus", "http://x/"], "--bogus"),
+    (["request", "--data", "a", "--json", "1", "http://x/"], "not both"),
+    (["get", "-H", "no colon", "http://x/"], "Name: value"),
+    (["search", "--order", "up", "--url", "http://x/{query}", "q"], "order"),
+    (["frobnicate"], "frobnicate"),
+])
+def test_usage_errors_exit_2(cli, args, needle):
+    r = run(cli, *args)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert r.stdout == b""
+    assert needle in r.stderr.decode()
+
+
+def test_engine_rejections_exit_2_and_send_nothing(cli, server):
+    reset(server)
+    # The first URL is fine and accepted; the second is refused: nothing runs.
+    r = run(cli, "get", server + "/delay?ms=10", "ftp://example.com/x")
+    assert r.returncode == 2
+    assert r.stderr.decode() == ('fetchq: url "ftp://example.com/x": only absolute http:// and '
+                                 "https:// URLs with a host are allowed\n")
+    r = run(cli, "get", "--per-host", "0", server + "/")
+    assert r.returncode == 2 and b"max_per_host" in r.stderr
+    r = run(cli, "search", "--url", server + "/search", "swift")
+    assert r.returncode == 2 and b"{query}" in r.stderr
+    assert stats(server)["requests"] == 0
+
+
+def test_help_and_version(cli):
+    for sub in [[], ["search"], ["get"], ["request"]]:
+        r = run(cli, *sub, "--help")
+        assert r.returncode == 0
+        out = r.stdout.decode()
+        assert "Examples" in out and "fetchq " in out
+    r = run(cli, "--version")
+    header = (ROOT / "include" / "fetchq.h").read_text()
+    version = re.search(r'#define FQ_VERSION_STRING "([^"]+)"', header).group(1)
+    assert r.returncode == 0 and r.stdout.decode().strip() == version
+
+
+# ---------------------------------------------------------------- examples
+
+
+def example_commands(text: str) -> list:
+    """Commands of example text: lines starting with `fetchq ` (or a pipe
+    into it), joined with their `\\` continuation lines; a trailing
+    `# exit N` gives the expected status."""
+    commands, current = [], None
+    for raw in text.splitlines():
+        line = raw.strip()
+        if current is not None:
+            current += " " + line
+        elif line.startswith("fetchq ") or re.match(r"^\S.*\| fetchq ", line) or line == "fetchq":
+            current = line
+        else:
+            continue
+        if current.endswith("\\"):
+            current = current[:-1].rstrip()
+            continue
+        m = re.search(r"\s+# exit (\d+)$", current)
+        commands.append((current[:m.start()] if m else current, int(m.group(1)) if m else 0))
+        current = None
+    return commands
+
+
+def run_examples(cli: str, server: str, commands: list) -> None:
+    port = server.rsplit(":", 1)[1]
+    with tempfile.TemporaryDirectory() as bindir:
+        os.symlink(cli, os.path.join(bindir, "fetchq"))
+        env = dict(os.environ, PATH=bindir + os.pathsep + os.environ.get("PATH", ""))
+        for command, status in commands:
+            command = command.replace(f"127.0.0.1:{DOC_PORT}", f"127.0.0.1:{port}")
+            r = subprocess.run(["bash", "-c", command], capture_output=True, env=env, timeout=60)
+            assert r.returncode == status, (command, r.returncode, r.stderr.decode())
+            if status == 0:
+                assert r.stdout.strip(), command
+            else:
+                assert r.stderr.startswith(b"fetchq: ") or b"Error:" in r.stderr, (command, r.stderr)
+
+
+def test_docs_examples_run(cli, server):
+    text = DOCS.read_text()
+    section = text[text.index("## Examples"):]
+    commands = example_commands(section)
+    assert len(commands) >= 12
+    assert {s for _, s in commands} == {0, 1, 2}
+    run_examples(cli, server, commands)
+
+
+def test_help_examples_run(cli, server):
+    commands = []
+    for sub in [[], ["search"], ["get"], ["request"]]:
+        out = run(cli, *sub, "--help").stdout.decode()
+        found = example_commands(out[out.index("Examples"):out.index("USAGE:")])
+        assert len(found) >= 3, (sub, out)
+        commands += found
+    run_examples(cli, server, commands)
+
+
+# ---------------------------------------------------------------- Ctrl-C
+
+
+def interrupt_when(cli: str, args: list, ready, what: str):
+    proc = subprocess.Popen([cli, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_for(ready, what)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=10)
+        return proc.returncode, out, err, time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_ctrl_c_cancels_stalled_requests(cli, server):
+    reset(server)
+    urls = [f"{server}/stall?i={i}" for i in range(4)]
+    code, out, err, took = interrupt_when(
+        cli, ["get", "--concurrency", "2", *urls],
+        lambda: stats(server)["in_flight"] == 2, "two stalled requests in flight")
+    assert code == 130, err
+    assert out == b""
+    assert err == b"fetchq: interrupted\n"
+    assert took < 5
+    # The queued ones never started; the running ones were aborted.
+    assert stats(server)["requests"] == 2
+    wait_for(lambda: stats(server)["in_flight"] == 0, "the server to see the connections go")
+
+
+def test_ctrl_c_keeps_finished_results_and_cancels_a_search(cli, server):
+    reset(server)
+    code, out, err, _ = interrupt_when(
+        cli, ["get", server + "/json?size=10", server + "/stall"],
+        lambda: stats(server)["in_flight"] == 1 and stats(server)["requests"] == 2, "the stall")
+    assert code == 130
+    assert [l["url"] for l in lines(out)] == [server + "/json?size=10"]
+    assert err == b"fetchq: interrupted\n"
+
+    reset(server)
+    code, out, err, _ = interrupt_when(
+        cli, ["search", "--merged", "--url", server + "/stall?q={query}", "a", "b", "c"],
+        lambda: stats(server)["in_flight"] == 3, "three stalled searches")
+    assert code == 130 and out == b"" and err == b"fetchq: interrupted\n"
+
+
+def test_ctrl_c_during_retry_wait(cli, server):
+    reset(server)
+    code, out, err, took = interrupt_when(
+        cli, ["get", "--retry", "8", server + "/flaky?key=cli-int&fail=100"],
+        lambda: stats(server)["by_path"].get("/flaky", 0) >= 2, "two attempts")
+    assert code == 130 and out == b"" and err == b"fetchq: interrupted\n"
+    assert took < 5
+
+
+# ---------------------------------------------------------------- progress bar
+
+
+def test_no_progress_when_stderr_is_not_a_tty(cli, server):
+    r = run(cli, "get", server + "/json?size=20000", server + "/delay?ms=300")
+    assert r.returncode == 0
+    assert r.stderr == b""
+
+
+def run_with_pty_stderr(cli: str, args: list) -> tuple:
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([cli, *args], stdout=subprocess.PIPE, stderr=slave)
+    os.close(slave)
+    chunks = []
+
+    def reader():
+        while True:
+            try:
+                data = os.read(master, 4096)
+            except OSError:  # EIO once the child closed the pty
+                break
+            if not data:
+                break
+            chunks.append(data)
+
+    t = threading.Thread(target=reader)
+    t.start()
+    try:
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        t.join(timeout=10)
+        os.close(master)
+    return proc.returncode, out, b"".join(chunks).decode()
+
+
+def size(n: int) -> str:
+    """The CLI's byte format: 512 B, 12.3 KiB, 4.0 MiB."""
+    if n < 1024:
+        return f"{n} B"
+    value = n / 1024
+    for unit in ["KiB", "MiB", "GiB"]:
+        if value < 1024 or unit == "GiB":
+            tenths = int(value * 10 + 0.5)
+            return f"{tenths // 10}.{tenths % 10} {unit}"
+        value /= 1024
+
+
+def test_progress_bar_under_a_pty(cli, server):
+    urls = [server + "/drip?bytes=3000&chunk=300&interval_ms=100", server + "/json?size=50000",
+            server + "/delay?ms=400"]
+    code, out, err = run_with_pty_stderr(cli, ["get", *urls])
+    assert code == 0, err
+    results = lines(out)
+    assert len(results) == 3
+    assert "\r" in err
+    frames = [f for f in re.split(r"[\r\n]+", err) if f.strip()]
+    assert len(frames) >= 3  # redrawn while the drip ran (~1 s at ≤ 10/s)
+    final = frames[-1].replace("\x1b[K", "")
+    total = sum(r["metrics"]["bytes"] for r in results)
+    assert total > 50000
+    assert re.fullmatch(r"\[#{20}\]  3/3 ops  " + re.escape(size(total)) + r"  \S+ \S*B/s", final), final
+    assert err.endswith("\n")
+    # Counts only go up.
+    done = [int(m.group(1)) for m in re.finditer(r"(\d+)/3 ops", err)]
+    assert done == sorted(done) and done[-1] == 3
+
+
+def test_progress_bar_counts_failures_and_queries(cli, server):
+    code, out, err = run_with_pty_stderr(
+        cli, ["search", "--merged", "--results", "/results", "--url", search_url(server), "swift", "__fail", "go"])
+    assert code == 1
+    assert "3/3 ops" in err and "1 failed" in err
+    assert 'fetchq: search "__fail": ' in err
+
+
+def test_no_progress_flag_under_a_pty(cli, server):
+    code, out, err = run_with_pty_stderr(cli, ["get", "--no-progress", server + "/json?size=100"])
+    assert code == 0
+    assert err == "" and len(lines(out)) == 1
