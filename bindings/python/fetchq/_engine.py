@@ -1,0 +1,1365 @@
+"""Engines, queues, futures and operation contexts on top of ``_ffi``.
+
+Lifetime rules (what keeps what alive):
+
+* ``_Core`` owns the ``fq_engine *`` and the three ctypes callbacks of the
+  engine (completion, block body, progress event). They are created once per
+  engine and referenced by the core until ``fq_engine_free`` has returned, so
+  C never calls a torn-down callback.
+* Each submitted operation gets an ``_OpState`` in ``core.pending``, keyed by
+  a token passed to C as ``userdata``. It is registered before the submit
+  (the completion may arrive on the delivery thread before the submit call
+  returns) and removed by the completion callback, exactly once.
+* ``weakref.finalize(engine, _finalize, core)`` frees a forgotten engine; it
+  also runs at interpreter exit (``atexit``), before modules are torn down, so
+  ``fq_engine_free`` cancels and delivers pending work while the callbacks are
+  still alive. A pending operation's state references its queue and engine,
+  so an engine dropped with work pending is freed once that work finishes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import ctypes
+import itertools
+import json as _json
+import logging
+import math
+import threading
+import weakref
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
+
+from . import _ffi
+from ._ffi import (
+    FQ_CANCELLED, FQ_ERR_DEPENDENCY, FQ_ERR_HTTP, FQ_ERR_NOT_FOUND,
+    FQ_ERR_OPERATION, FQ_EVENT_CHILD, FQ_EVENT_PROGRESS, FQ_EVENT_UPDATE, FQ_FAILED,
+    FQ_OK, FQ_SUCCEEDED,
+)
+from .errors import (
+    DependencyError, FetchqError, HTTPError, InvalidArgument, OperationError,
+    ShutdownError, StateError, Timeout, error_for_status,
+)
+
+log = logging.getLogger("fetchq")
+engine_log = logging.getLogger("fetchq.engine")   # the library's own log lines
+
+# fq_log_level -> logging level (TRACE and NOTICE have no stdlib name)
+_LOG_LEVELS = {0: 5, 1: logging.DEBUG, 2: logging.INFO, 3: 25, 4: logging.WARNING,
+               5: logging.ERROR, 6: logging.CRITICAL}
+
+ProgressFn = Callable[[int, Optional[int]], Any]
+OpRef = Union[int, "Future", "AsyncFuture"]
+
+_PRIORITIES = {"very-low": -8, "low": -4, "normal": 0, "high": 4, "very-high": 8}
+_UNSET: Any = object()
+_INT32_MAX = 2**31 - 1
+
+
+def _timeout_ms(timeout: Optional[float]) -> int:
+    if timeout is None:
+        return -1
+    if timeout < 0:
+        raise ValueError("timeout must be >= 0 or None")
+    return min(_INT32_MAX, int(math.ceil(timeout * 1000)))
+
+
+class _Local(threading.local):
+    def __init__(self) -> None:
+        self.cores: List["_Core"] = []   # engines whose callback/body runs here
+        self.ops: List["Op"] = []        # Python bodies running on this thread
+
+
+_tls = _Local()
+
+
+# --------------------------------------------------------------------------
+# Results
+
+class Response:
+    """The outcome of a request.
+
+    ``status`` (int), ``headers`` (dict, lower-cased names, repeated headers
+    joined with ", "), ``body`` (bytes, gzip already decoded), ``metrics``
+    (dict: queue_wait_ms, connect_ms, first_byte_ms, total_ms, bytes,
+    redirects, attempts, http_version, reused_connection, from_cache),
+    ``op_id``, ``from_cache`` (answered by the engine's HTTP cache).
+    ``json()`` returns the value the engine parsed (option parse="auto"/"json")
+    or parses ``body`` itself.
+    """
+
+    __slots__ = ("status", "headers", "body", "metrics", "op_id", "from_cache",
+                 "_value", "_has_value")
+
+    def __init__(self, status: int, headers: Dict[str, str], body: bytes,
+                 metrics: Dict[str, Any], op_id: int, value: Any, has_value: bool,
+                 from_cache: bool = False) -> None:
+        self.from_cache = from_cache    # answered by the engine's HTTP cache
+        self.status = status
+        self.headers = headers
+        self.body = body
+        self.metrics = metrics
+        self.op_id = op_id
+        self._value = value
+        self._has_value = has_value
+
+    @property
+    def ok(self) -> bool:
+        return 200 <= self.status < 300
+
+    @property
+    def parsed(self) -> bool:
+        """True when the engine parsed the body as JSON."""
+        return self._has_value
+
+    @property
+    def text(self) -> str:
+        charset = "utf-8"
+        ctype = self.headers.get("content-type", "")
+        for part in ctype.split(";")[1:]:
+            key, _, val = part.strip().partition("=")
+            if key.lower() == "charset" and val:
+                charset = val.strip('"')
+        try:
+            return self.body.decode(charset, "replace")
+        except LookupError:
+            return self.body.decode("utf-8", "replace")
+
+    def json(self) -> Any:
+        if self._has_value:
+            return self._value
+        return _json.loads(self.body)
+
+    def __repr__(self) -> str:
+        return "<fetchq.Response op=%d status=%d %d bytes>" % (
+            self.op_id, self.status, len(self.body))
+
+
+_OUTCOMES = {FQ_SUCCEEDED: "succeeded", FQ_FAILED: "failed", FQ_CANCELLED: "cancelled"}
+
+
+class Result:
+    """A snapshot of an operation's result as the C API reports it: used for
+    search-all children (``on_child``) and :meth:`Op.dependency`.
+
+    ``op_id``, ``outcome`` ("succeeded" | "failed" | "cancelled"), ``status``
+    (fq_status, 0 on success), ``error`` (message or None), ``value``, and for
+    network operations ``http_status``, ``headers``, ``body``, ``metrics``;
+    ``query`` for a search-all child.
+    """
+
+    __slots__ = ("op_id", "outcome", "status", "error", "value", "http_status",
+                 "headers", "body", "metrics", "query", "from_cache")
+
+    def __init__(self, op_id: int, outcome: str, status: int, error: Optional[str],
+                 value: Any, http_status: int = 0, headers: Optional[Dict[str, str]] = None,
+                 body: bytes = b"", metrics: Optional[Dict[str, Any]] = None,
+                 query: Optional[str] = None, from_cache: bool = False) -> None:
+        self.from_cache = from_cache
+        self.op_id = op_id
+        self.outcome = outcome
+        self.status = status
+        self.error = error
+        self.value = value
+        self.http_status = http_status
+        self.headers = headers or {}
+        self.body = body
+        self.metrics = metrics or {}
+        self.query = query
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome == "succeeded"
+
+    def exception(self) -> Optional[FetchqError]:
+        """The exception a future would raise for this result (None on
+        success; :class:`fetchq.Cancelled` for a cancelled one)."""
+        if self.ok:
+            return None
+        if self.status == FQ_ERR_HTTP:
+            return HTTPError(self.error or "", self.status, status=self.http_status,
+                             body=self.body, headers=self.headers)
+        return error_for_status(self.status, self.error or "")
+
+    def __repr__(self) -> str:
+        return "<fetchq.Result op=%d %s%s>" % (
+            self.op_id, self.outcome, "" if self.ok else " %r" % self.error)
+
+
+def _read_result(core: "_Core", result: int, query: Optional[str] = None) -> Result:
+    """Copies a BORROWED fq_result into Python objects."""
+    L = core.lib
+    status = int(L.fq_result_status(result))
+    network = L.has("fq_result_http_status")
+    return Result(
+        op_id=int(L.fq_result_op_id(result)),
+        outcome=_OUTCOMES.get(L.fq_result_outcome(result), "unknown"),
+        status=status,
+        error=_ffi.cstr(L.fq_result_error(result)),
+        value=_ffi.from_json(L.fq_result_value(result)),
+        http_status=int(L.fq_result_http_status(result)) if network else 0,
+        headers=(_ffi.from_json(L.fq_result_headers(result)) or {}) if network else {},
+        body=_ffi.body_of(result) if network else b"",
+        metrics=(_ffi.from_json(L.fq_result_metrics(result)) or {}) if network else {},
+        query=query,
+        from_cache=bool(L.fq_result_from_cache(result)) if L.has("fq_result_from_cache") else False,
+    )
+
+
+class Op:
+    """An operation seen from inside its own Python body (valid only while
+    the body runs; see :func:`current_op`)."""
+
+    __slots__ = ("_core", "_op", "_id", "__weakref__")
+
+    def __init__(self, core: "_Core", op: int) -> None:
+        self._core = core
+        self._op: Optional[int] = op
+        self._id = int(core.lib.fq_op_get_id(op))
+
+    @property
+    def id(self) -> int:
+        return self._id
+
+    def _handle(self) -> int:
+        if self._op is None:
+            raise StateError("the Op of operation %d is only valid while its body runs" % self._id)
+        return self._op
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the operation was cancelled; a long body should return."""
+        return bool(self._core.lib.fq_op_is_cancelled(self._handle()))
+
+    def dependency_result(self, dep: OpRef) -> Any:
+        """The value of a dependency named in ``depends_on`` (or added with
+        ``add_dependency``): a block's return value, a search's dict, a
+        request's parsed body. None when ``dep`` is not a dependency or
+        produced no value."""
+        op_id = self._core.op_id_of(dep)
+        return _ffi.from_json(self._core.lib.fq_op_dependency_result(self._handle(), op_id))
+
+    def dependency(self, dep: OpRef) -> Optional[Result]:
+        """The whole result of a dependency (status, error, value and, for a
+        request, HTTP status, headers, body); None if ``dep`` is not one."""
+        op_id = self._core.op_id_of(dep)
+        ptr = self._core.lib.fq_op_dependency(self._handle(), op_id)
+        return _read_result(self._core, ptr) if ptr else None
+
+    def __repr__(self) -> str:
+        return "<fetchq.Op %d>" % self._id
+
+
+class AsyncOp(Op):
+    """The operation of :meth:`Queue.submit_async`: like :class:`Op`, plus
+    :meth:`finish`, which must be called exactly once, from any thread. The
+    operation keeps its queue slot until then. Closing the engine finishes
+    (cancelled) an operation still unfinished; a later ``finish`` is then a
+    no-op."""
+
+    __slots__ = ("_lock", "_by_close")
+
+    def __init__(self, core: "_Core", op: int) -> None:
+        super().__init__(core, op)
+        self._lock = threading.Lock()
+        self._by_close = False
+
+    @property
+    def finished(self) -> bool:
+        return self._op is None
+
+    def finish(self, value: Any = None, error: Optional[str] = None) -> None:
+        """Ends the operation: with ``value`` (converted to JSON), or failed
+        with ``error`` (the future raises :class:`OperationError`). If it was
+        cancelled meanwhile it ends cancelled. A value JSON cannot hold raises
+        TypeError/ValueError and leaves the operation unfinished."""
+        ptr = None
+        if error is None and value is not None:
+            ptr = _ffi.to_json(value, "the value")
+        msg = None if error is None else str(error).replace("\0", "\\0").encode("utf-8", "replace")
+        with self._lock:
+            op = self._op
+            if op is None:
+                _ffi.decref(ptr)
+                if self._by_close:
+                    return              # the engine closed and finished it (cancelled)
+                raise StateError("operation %d is already finished" % self._id)
+            self._op = None
+        self._core.async_ops.discard(self)
+        self._core.lib.fq_op_finish(op, ptr, msg)  # ptr is STOLEN
+
+    def _finish_for_close(self) -> None:
+        """Engine close: an unfinished async op would make fq_engine_free
+        wait forever. It is already cancelled, so this ends it CANCELLED."""
+        with self._lock:
+            op, self._op = self._op, None
+            self._by_close = True
+        if op is not None:
+            self._core.lib.fq_op_finish(op, None, None)
+
+    def __repr__(self) -> str:
+        return "<fetchq.AsyncOp %d%s>" % (self._id, " finished" if self.finished else "")
+
+
+def current_op() -> Op:
+    """The :class:`Op` of the Python body running on this thread."""
+    if not _tls.ops:
+        raise StateError("current_op() is only available inside an operation body")
+    return _tls.ops[-1]
+
+
+# --------------------------------------------------------------------------
+# Futures
+
+class Future(concurrent.futures.Future):  # type: ignore[type-arg]
+    """A ``concurrent.futures.Future`` bound to one operation.
+
+    ``cancel()`` cancels the operation, also while it runs: it returns True
+    when the engine accepted the cancellation (the operation had not finished)
+    and the future then becomes ``cancelled()`` when the engine's completion
+    arrives — at once for queued and network operations, when the body
+    returns for a running Python body. It returns False when the operation
+    already finished (its result is on the way).
+    """
+
+    def __init__(self, core: "_Core") -> None:
+        super().__init__()
+        self._core = core
+        self._op_id: Optional[int] = None
+        self._cancel_wanted = False
+
+    @property
+    def op_id(self) -> int:
+        """The operation id (> 0)."""
+        if self._op_id is None:
+            raise StateError("the operation is still being submitted")
+        return self._op_id
+
+    def cancel(self) -> bool:
+        if self.cancelled():
+            return True
+        if self.done():
+            return False
+        return self._core.request_cancel(self)
+
+    # resolution, called once by the engine
+    def _fq_set_result(self, value: Any) -> None:
+        if not self.done():
+            self.set_result(value)
+
+    def _fq_set_exception(self, exc: BaseException) -> None:
+        if not self.done():
+            self.set_exception(exc)
+
+    def _fq_set_cancelled(self) -> None:
+        if concurrent.futures.Future.cancel(self):
+            try:
+                self.set_running_or_notify_cancel()  # wakes wait()/as_completed()
+            except RuntimeError:
+                pass
+
+
+class AsyncFuture(asyncio.Future):  # type: ignore[type-arg]
+    """An ``asyncio.Future`` bound to one operation (AsyncEngine).
+
+    Awaiting it gives the result; ``cancel()`` (also through cancelling a task
+    awaiting it) cancels the operation; the future is then cancelled when the
+    engine confirms, on the loop's thread.
+    """
+
+    def __init__(self, core: "_Core", loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop=loop)
+        self._core = core
+        self._op_id: Optional[int] = None
+        self._cancel_wanted = False
+        self._cancel_msg: Any = None
+
+    @property
+    def op_id(self) -> int:
+        if self._op_id is None:
+            raise StateError("the operation is still being submitted")
+        return self._op_id
+
+    def cancel(self, msg: Any = None) -> bool:
+        if self.done():
+            return False
+        self._cancel_msg = msg
+        return self._core.request_cancel(self)
+
+    def _fq_set_result(self, value: Any) -> None:
+        if not self.done():
+            self.set_result(value)
+
+    def _fq_set_exception(self, exc: BaseException) -> None:
+        if not self.done():
+            self.set_exception(exc)
+
+    def _fq_set_cancelled(self) -> None:
+        if not self.done():
+            asyncio.Future.cancel(self, msg=self._cancel_msg)
+
+
+AnyFuture = Union[Future, AsyncFuture]
+
+
+# --------------------------------------------------------------------------
+# Per-operation state
+
+class _OpState:
+    __slots__ = ("future", "kind", "fn", "args", "pass_op", "progress", "on_child",
+                 "on_update", "queue", "cause")
+
+    def __init__(self, kind: str, queue: "Queue", fn: Optional[Callable[..., Any]] = None,
+                 args: Tuple[Any, ...] = (), pass_op: bool = False,
+                 progress: Optional[ProgressFn] = None,
+                 on_child: Optional[Callable[[Result], Any]] = None) -> None:
+        self.kind = kind            # "block" | "request" | "search" | "search_all"
+        self.queue = queue          # keeps queue and engine alive while pending
+        self.fn = fn
+        self.args = args
+        self.pass_op = pass_op
+        self.progress = progress
+        self.on_child = on_child
+        self.on_update: Optional[Callable[[Any], Any]] = None
+        self.cause: Optional[BaseException] = None
+        self.future: Any = None
+
+    @property
+    def has_events(self) -> bool:
+        """Events of this operation must be routed to it (see _Core.by_op)."""
+        return self.progress is not None or self.on_child is not None or self.on_update is not None
+
+
+# --------------------------------------------------------------------------
+# The engine core
+
+class _Core:
+    """Owns the fq_engine handle and its callbacks; shared by the Engine
+    object, its queues, futures and the finalizer (which must not reference
+    the Engine object itself)."""
+
+    def __init__(self, config: Dict[str, Any], mode: str,
+                 loop: Optional[asyncio.AbstractEventLoop] = None,
+                 use_logging: bool = True) -> None:
+        self.lib = _ffi.lib()
+        self.mode = mode
+        self.loop = loop
+        self.loop_thread = threading.get_ident() if loop is not None else None
+        self.lock = threading.Lock()
+        self.idle = threading.Condition(self.lock)
+        self.submit_lock = threading.Lock()  # submit+register of progress ops
+        self.inflight = 0
+        self.closing = False
+        self.handle: Any = None
+        self.fd = -1
+        self.pending: Dict[int, _OpState] = {}
+        self.by_op: Dict[int, _OpState] = {}
+        self.tokens = itertools.count(1)
+        self.violations: List[str] = []      # completion-contract breaches seen
+        # queues whose handles die with the engine (weak: the Engine object
+        # holds them strongly, so the core never keeps the Engine alive)
+        self.queues: "weakref.WeakSet[Queue]" = weakref.WeakSet()
+        self.async_ops: "set[AsyncOp]" = set()   # started, not yet finished
+        self.swept = False      # close() has finished the async ops it found
+        # one ctypes callback of each kind per engine, alive until freed
+        self.completion_cb = _ffi.COMPLETION_FN(self._on_complete)
+        self.block_cb = _ffi.BLOCK_FN(self._on_block)
+        self.event_cb = _ffi.EVENT_FN(self._on_event)
+        self.async_cb = _ffi.ASYNC_FN(self._on_async)
+        self.log_cb = _ffi.LOG_FN(self._on_log)
+
+        cfg = _ffi.to_json(config, "config")
+        try:
+            self.handle = self.lib.fq_engine_new(cfg, None, 0)
+        finally:
+            _ffi.decref(cfg)
+        if self.lib.has("fq_engine_set_event_fn"):
+            self.lib.fq_engine_set_event_fn(self.handle, self.event_cb, None)
+        if use_logging and self.lib.has("fq_engine_set_log_fn"):
+            self.lib.fq_engine_set_log_fn(self.handle, self.log_cb, None)
+        if mode == "poll":
+            self.fd = self.lib.fq_engine_event_fd(self.handle)
+
+    # -- guarding the handle against a concurrent close -------------------
+
+    def enter(self) -> Any:
+        with self.lock:
+            if self.closing or self.handle is None:
+                raise ShutdownError("the engine is closed")
+            self.inflight += 1
+            return self.handle
+
+    def exit(self) -> None:
+        with self.lock:
+            self.inflight -= 1
+            if self.inflight == 0 and self.closing:
+                self.idle.notify_all()
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        h = self.enter()
+        try:
+            return fn(h, *args)
+        finally:
+            self.exit()
+
+    # -- ids, futures, cancel ----------------------------------------------
+
+    def new_future(self) -> AnyFuture:
+        if self.mode == "poll":
+            assert self.loop is not None
+            return AsyncFuture(self, self.loop)
+        return Future(self)
+
+    def op_id_of(self, ref: OpRef) -> int:
+        if isinstance(ref, (Future, AsyncFuture)):
+            if ref._core is not self:
+                raise InvalidArgument("that future belongs to another engine")
+            return ref.op_id
+        if isinstance(ref, bool) or not isinstance(ref, int):
+            raise TypeError("expected a fetchq future or an operation id, got %r" % (ref,))
+        return ref
+
+    def request_cancel(self, fut: AnyFuture) -> bool:
+        with self.lock:
+            if fut._cancel_wanted:          # already accepted: it will end cancelled
+                return True
+            if fut._op_id is None:          # submit still in progress (other thread)
+                fut._cancel_wanted = True
+                return True
+            if self.closing or self.handle is None:
+                return True                 # close cancels everything still pending
+            handle = self.handle
+            self.inflight += 1
+        try:
+            status = self.lib.fq_cancel(handle, fut._op_id)
+        finally:
+            self.exit()
+        if status == FQ_OK:
+            fut._cancel_wanted = True
+            return True
+        if status == FQ_ERR_NOT_FOUND:      # finished; its completion is on the way
+            return fut.cancelled()
+        _ffi.check(status)
+        return False
+
+    def submitted(self, fut: AnyFuture, op_id: int) -> None:
+        with self.lock:
+            fut._op_id = op_id
+            wanted = fut._cancel_wanted
+            fut._cancel_wanted = False
+        if wanted:                          # cancel() ran while we were submitting
+            self.request_cancel(fut)
+
+    # -- callbacks (run on the delivery thread, or the dispatching thread) -
+
+    def _on_complete(self, result: int, userdata: Optional[int]) -> None:
+        _tls.cores.append(self)
+        try:
+            state = self.pending.pop(userdata or 0, None)
+            if state is None:
+                self._violation("completion for unknown or already completed userdata %r (op %d)"
+                                % (userdata, self.lib.fq_result_op_id(result)))
+                return
+            fut = state.future
+            how, value = self._outcome(state, result)
+            # Drop the state (it keeps the queue and engine alive) before the
+            # future's done-callbacks run, so they see the engine as the user
+            # left it.
+            del state
+            self._resolve(fut, how, value)
+        except BaseException:  # never let an exception unwind into C
+            log.exception("fetchq: error in completion callback")
+        finally:
+            _tls.cores.pop()
+
+    def _outcome(self, state: _OpState, result: int) -> Tuple[str, Any]:
+        """("result", value) | ("exception", exc) | ("cancelled", None)."""
+        L = self.lib
+        op_id = L.fq_result_op_id(result)
+        outcome = L.fq_result_outcome(result)
+        status = L.fq_result_status(result)
+        if state.has_events:
+            with self.submit_lock:
+                self.by_op.pop(op_id, None)
+        if outcome == FQ_SUCCEEDED:
+            if state.kind == "request":
+                return "result", self._response(result, op_id)
+            return "result", _ffi.from_json(L.fq_result_value(result))
+        message = _ffi.cstr(L.fq_result_error(result)) or _ffi.cstr(L.fq_strerror(status)) or ""
+        if outcome == FQ_CANCELLED and status != FQ_ERR_DEPENDENCY:
+            return "cancelled", None
+        if outcome not in (FQ_FAILED, FQ_CANCELLED):
+            self._violation("op %d completed with outcome %d" % (op_id, outcome))
+        exc: FetchqError
+        if status == FQ_ERR_HTTP:
+            resp = self._response(result, op_id)
+            exc = HTTPError(message, status, status=resp.status, body=resp.body,
+                            headers=resp.headers, response=resp)
+        elif status == FQ_ERR_DEPENDENCY:
+            exc = DependencyError(message, status)
+        elif status == FQ_ERR_OPERATION:
+            exc = OperationError(message, status)
+            if state.cause is not None:
+                exc.__cause__ = state.cause
+        else:
+            exc = error_for_status(status, message)
+        exc.op_id = op_id  # type: ignore[attr-defined]
+        return "exception", exc
+
+    def _response(self, result: int, op_id: int) -> Response:
+        L = self.lib
+        value_ptr = L.fq_result_value(result)
+        return Response(
+            status=int(L.fq_result_http_status(result)),
+            headers=_ffi.from_json(L.fq_result_headers(result)) or {},
+            body=_ffi.body_of(result),
+            metrics=_ffi.from_json(L.fq_result_metrics(result)) or {},
+            op_id=op_id,
+            value=_ffi.from_json(value_ptr),
+            has_value=bool(value_ptr),
+            from_cache=bool(L.fq_result_from_cache(result)) if L.has("fq_result_from_cache") else False,
+        )
+
+    def _resolve(self, fut: AnyFuture, how: str, value: Any) -> None:
+        def apply() -> None:
+            if how == "result":
+                fut._fq_set_result(value)
+            elif how == "exception":
+                fut._fq_set_exception(value)
+            else:
+                fut._fq_set_cancelled()
+
+        if self.mode == "poll":
+            loop = self.loop
+            if loop is None or loop.is_closed():
+                return  # freed after its loop closed (finalizer/atexit): nobody can await
+            if threading.get_ident() != self.loop_thread:
+                # only when an AsyncEngine is freed off its loop's thread
+                try:
+                    loop.call_soon_threadsafe(apply)
+                except RuntimeError:
+                    pass
+                return
+        apply()
+
+    def _on_block(self, op: int, userdata: Optional[int]) -> Optional[int]:
+        state = self.pending.get(userdata or 0)
+        L = self.lib
+        if state is None or state.fn is None:
+            self._violation("block body for unknown userdata %r" % (userdata,))
+            L.fq_op_set_error(op, b"fetchq binding: unknown operation")
+            return None
+        ctx = Op(self, op)
+        _tls.cores.append(self)
+        _tls.ops.append(ctx)
+        try:
+            args = ((ctx,) + state.args) if state.pass_op else state.args
+            value = state.fn(*args)
+            ptr = _ffi.to_json(value, "the return value of %s" % getattr(state.fn, "__name__", "the body"))
+            return ctypes.cast(ptr, ctypes.c_void_p).value  # NEW, stolen by the library
+        except BaseException as exc:
+            state.cause = exc
+            text = str(exc)
+            message = "%s: %s" % (type(exc).__name__, text) if text else type(exc).__name__
+            try:
+                L.fq_op_set_error(op, message.replace("\0", "\\0").encode("utf-8", "replace"))
+            except FetchqError:
+                log.exception("fetchq: fq_op_set_error failed")
+            return None
+        finally:
+            ctx._op = None
+            _tls.ops.pop()
+            _tls.cores.pop()
+
+    def _on_async(self, op: int, userdata: Optional[int]) -> None:
+        state = self.pending.get(userdata or 0)
+        L = self.lib
+        if state is None or state.fn is None:
+            self._violation("async start for unknown userdata %r" % (userdata,))
+            L.fq_op_finish(op, None, b"fetchq binding: unknown operation")
+            return
+        ctx = AsyncOp(self, op)
+        with self.lock:
+            self.async_ops.add(ctx)
+        _tls.cores.append(self)
+        _tls.ops.append(ctx)
+        try:
+            state.fn(ctx, *state.args)
+            with self.lock:
+                late = self.swept
+            if late and not ctx.finished:           # started after close()'s sweep
+                ctx._finish_for_close()
+        except BaseException as exc:
+            state.cause = exc
+            text = str(exc)
+            try:
+                ctx.finish(error="%s: %s" % (type(exc).__name__, text) if text else type(exc).__name__)
+            except StateError:
+                log.warning("fetchq: async start of op %d raised after finishing it: %r",
+                            ctx.id, exc)
+        finally:
+            _tls.ops.pop()
+            _tls.cores.pop()
+
+    def _on_log(self, level: int, message: Optional[bytes], userdata: Optional[int]) -> None:
+        # any engine thread, possibly several at once; logging is thread-safe
+        try:
+            engine_log.log(_LOG_LEVELS.get(level, logging.WARNING), "%s",
+                           (message or b"").decode("utf-8", "replace"))
+        except BaseException:
+            pass
+
+    def _on_event(self, event: int, userdata: Optional[int]) -> None:
+        _tls.cores.append(self)
+        try:
+            L = self.lib
+            op_id = L.fq_event_op_id(event)
+            state = self.by_op.get(op_id)
+            if state is None:
+                with self.submit_lock:       # its submit may still be registering
+                    state = self.by_op.get(op_id)
+            if state is None:
+                return
+            kind = L.fq_event_get_type(event)
+            if kind == FQ_EVENT_PROGRESS and state.progress is not None:
+                received, expected = _ffi.progress_of(event)
+                state.progress(received, expected or None)
+            elif kind == FQ_EVENT_CHILD and state.on_child is not None:
+                child = L.fq_event_result(event)
+                if child:
+                    state.on_child(_read_result(self, child, _ffi.cstr(L.fq_event_query(event))))
+            elif kind == FQ_EVENT_UPDATE and state.on_update is not None:
+                cached = L.fq_event_result(event)
+                if cached:
+                    if state.kind == "request":
+                        state.on_update(self._response(cached, op_id))
+                    else:
+                        state.on_update(_ffi.from_json(L.fq_result_value(cached)))
+        except BaseException:
+            log.exception("fetchq: error in an event callback (progress/on_child/on_update)")
+        finally:
+            _tls.cores.pop()
+
+    def _violation(self, what: str) -> None:
+        self.violations.append(what)
+        log.error("fetchq: libfetchq broke its completion contract: %s", what)
+
+    # -- poll mode ----------------------------------------------------------
+
+    def dispatch(self, max_count: int = 0) -> int:
+        h = self.enter()
+        try:
+            return int(self.lib.fq_engine_dispatch(h, max_count))
+        finally:
+            self.exit()
+
+    def on_readable(self) -> None:
+        try:
+            self.dispatch(0)
+        except ShutdownError:
+            pass
+        except BaseException:
+            log.exception("fetchq: fq_engine_dispatch failed")
+
+    # -- closing ------------------------------------------------------------
+
+    def in_callback(self) -> bool:
+        return self in _tls.cores
+
+    def close(self) -> None:
+        if self.in_callback():
+            raise StateError("an engine cannot be closed from its own callback or operation body")
+        with self.lock:
+            if self.handle is None:
+                return
+            if self.closing:                # another thread is closing it
+                while self.handle is not None:
+                    self.idle.wait()
+                return
+            self.closing = True
+            handle = self.handle
+        try:
+            self.lib.fq_cancel_all(handle)  # lets waits in other threads return
+        except FetchqError:
+            pass
+        with self.lock:                     # unfinished async ops would block the free
+            ops = list(self.async_ops)
+            self.swept = True
+        for op in ops:
+            op._finish_for_close()
+        self.async_ops.clear()
+        with self.lock:
+            while self.inflight:
+                self.idle.wait()
+        try:
+            self.lib.fq_engine_free(handle)  # delivers every outstanding completion
+        finally:
+            with self.lock:
+                self.handle = None
+                self.idle.notify_all()
+            for q in list(self.queues):
+                q._handle = None
+        leftover = list(self.pending.values())
+        self.pending.clear()
+        if leftover:
+            self._violation("fq_engine_free returned with %d completion(s) never delivered"
+                            % len(leftover))
+            for state in leftover:
+                self._resolve(state.future, "exception", ShutdownError(
+                    "libfetchq freed the engine without completing this operation"))
+
+
+def _finalize(core: _Core, remove_reader: Optional[Callable[[], None]]) -> None:
+    """weakref.finalize target (also at interpreter exit)."""
+    if remove_reader is not None:
+        try:
+            remove_reader()
+        except Exception:
+            pass
+    if core.in_callback():
+        # dropped from inside its own callback: free it from another thread
+        threading.Thread(target=core.close, name="fetchq-close", daemon=True).start()
+        return
+    try:
+        core.close()
+    except Exception:
+        log.exception("fetchq: closing a forgotten engine failed")
+
+
+# --------------------------------------------------------------------------
+# Queues
+
+def _callable_or_none(fn: Any, what: str) -> Any:
+    if fn is not None and not callable(fn):
+        raise TypeError("%s must be callable" % what)
+    return fn
+
+
+def _as_list(deps: Any) -> List[Any]:
+    """depends_on= takes one future/id or any iterable of them."""
+    if isinstance(deps, (Future, AsyncFuture, int, str, bytes)):
+        return [deps]
+    try:
+        return list(deps)
+    except TypeError:
+        return [deps]
+
+
+class Queue:
+    """An operation queue (``fq_queue``): ordering and max concurrency.
+
+    Created with :meth:`Engine.queue`; owned by its engine, which frees it on
+    close (or call :meth:`close` to cancel its queued operations and drop it).
+    """
+
+    def __init__(self, engine: "_EngineBase", name: str, max_concurrent: int) -> None:
+        self._engine = engine
+        self._core = engine._core
+        self.name = name
+        self._max = max_concurrent
+        self._suspended = False
+        raw = _ffi.encode_str(name, "queue name")
+        self._handle: Any = self._core.call(self._core.lib.fq_queue_new, raw, max_concurrent)
+
+    def _enter(self) -> Any:
+        self._core.enter()
+        if self._handle is None:
+            self._core.exit()
+            raise StateError("queue %r is closed" % self.name)
+        return self._handle
+
+    def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        h = self._enter()
+        try:
+            return fn(h, *args)
+        finally:
+            self._core.exit()
+
+    @property
+    def engine(self) -> "_EngineBase":
+        return self._engine
+
+    @property
+    def max_concurrent(self) -> int:
+        return self._max
+
+    def set_max_concurrent(self, n: int) -> None:
+        self._call(self._core.lib.fq_queue_set_max_concurrent, n)
+        self._max = n
+
+    @property
+    def suspended(self) -> bool:
+        return self._suspended
+
+    def suspend(self) -> None:
+        """Start nothing new; running operations go on."""
+        self._call(self._core.lib.fq_queue_set_suspended, True)
+        self._suspended = True
+
+    def resume(self) -> None:
+        self._call(self._core.lib.fq_queue_set_suspended, False)
+        self._suspended = False
+
+    def cancel_all(self) -> int:
+        """Cancels every operation of the queue; returns how many."""
+        return int(self._call(self._core.lib.fq_queue_cancel_all))
+
+    def wait(self, timeout: Optional[float] = None) -> None:
+        """Blocks until every operation of the queue finished and its future
+        is resolved; raises :class:`fetchq.Timeout` when ``timeout`` (seconds)
+        runs out, StateError from inside a callback or body."""
+        self._call(self._core.lib.fq_queue_wait, _timeout_ms(timeout))
+
+    def close(self) -> None:
+        """Frees the queue: operations not started are cancelled; running ones
+        finish. The queue cannot be used afterwards."""
+        if self._engine._queues.get(self.name) is self:
+            del self._engine._queues[self.name]
+        with self._core.lock:
+            handle, self._handle = self._handle, None
+            self._core.queues.discard(self)
+            if handle is None or self._core.handle is None:
+                return
+            self._core.inflight += 1
+        try:
+            self._core.lib.fq_queue_free(handle)
+        finally:
+            self._core.exit()
+
+    # -- submitting ---------------------------------------------------------
+
+    def _options(self, options: Dict[str, Any], progress: Optional[ProgressFn]) -> Optional[Dict[str, Any]]:
+        opts = dict(options)
+        if "depends_on" in opts:
+            deps = opts.pop("depends_on")
+            if deps is not None:
+                opts["depends_on"] = [self._core.op_id_of(d) for d in _as_list(deps)]
+        if progress is not None:
+            if not callable(progress):
+                raise TypeError("progress must be a callable(received, expected)")
+            opts["progress"] = True
+        return opts or None
+
+    def _submit(self, state: _OpState, options: Optional[Dict[str, Any]],
+                call: Callable[[Any, Any, int], int], extra: Any = None) -> Any:
+        core = self._core
+        opts = _ffi.to_json_or_null(options, "options")
+        token = next(core.tokens)
+        fut = core.new_future()
+        state.future = fut
+        core.pending[token] = state
+        try:
+            h = self._enter()
+            try:
+                if state.has_events:
+                    with core.submit_lock:
+                        op_id = call(h, opts, token)
+                        core.by_op[op_id] = state
+                else:
+                    op_id = call(h, opts, token)
+            finally:
+                core.exit()
+        except BaseException:
+            core.pending.pop(token, None)
+            raise
+        finally:
+            _ffi.decref(opts)
+            _ffi.decref(extra)
+        core.submitted(fut, op_id)
+        return fut
+
+    def submit(self, fn: Callable[..., Any], *args: Any, pass_op: bool = False,
+               **options: Any) -> Any:
+        """Runs ``fn(*args)`` on a worker thread as a block operation.
+
+        With ``pass_op=True`` it is called as ``fn(op, *args)`` (an
+        :class:`Op`); :func:`current_op` works either way. The return value is
+        converted to JSON (the future's result is that JSON read back); an
+        exception fails the operation and the future raises
+        :class:`OperationError` with the message (``__cause__`` = the
+        exception). ``options``: priority, qos, group, depends_on (futures or
+        ids), barrier, max_wait_ms."""
+        if not callable(fn):
+            raise TypeError("fn must be callable")
+        state = _OpState("block", self, fn=fn, args=args, pass_op=pass_op)
+        L = self._core.lib
+        cb_done, cb_body = self._core.completion_cb, self._core.block_cb
+        return self._submit(state, self._options(options, None),
+                            lambda h, o, t: L.fq_submit_block(h, cb_body, o, cb_done, t))
+
+    def submit_async(self, start: Callable[..., Any], *args: Any, **options: Any) -> Any:
+        """An asynchronous operation: ``start(op, *args)`` runs on a worker
+        thread and should return quickly; the operation stays running (holding
+        its queue slot) until ``op.finish(value)`` or ``op.finish(error=msg)``
+        is called, exactly once, from any thread (:class:`AsyncOp`). If
+        ``start`` raises before finishing, the operation fails with that
+        exception. Same options as :meth:`submit`."""
+        if not callable(start):
+            raise TypeError("start must be callable")
+        state = _OpState("block", self, fn=start, args=args)
+        L = self._core.lib
+        cb_done, cb_start = self._core.completion_cb, self._core.async_cb
+        return self._submit(state, self._options(options, None),
+                            lambda h, o, t: L.fq_submit_async(h, cb_start, o, cb_done, t))
+
+    def search(self, query: str, *, progress: Optional[ProgressFn] = None,
+               on_update: Optional[Callable[[Any], Any]] = None, **options: Any) -> Any:
+        """Submits a search; the result is ``{"query", "items", "count"}``.
+        ``options`` may override the engine's "search" keys (url, results, id,
+        sort, order) and take every network and common option (store, cache,
+        retry, ...). With ``cache="stale-while-revalidate"``, ``on_update``
+        gets the cached value first."""
+        raw = _ffi.encode_str(query, "query")
+        state = _OpState("search", self, progress=progress)
+        state.on_update = _callable_or_none(on_update, "on_update")
+        L = self._core.lib
+        cb_done = self._core.completion_cb
+        return self._submit(state, self._options(options, progress),
+                            lambda h, o, t: L.fq_submit_search(h, raw, o, cb_done, t))
+
+    def search_all(self, queries: Iterable[str], *,
+                   on_child: Optional[Callable[[Result], Any]] = None,
+                   **options: Any) -> Any:
+        """Fans out one search per distinct query (each a normal operation of
+        this queue) and resolves once with ``{"items", "count", "queries":
+        {q: {"count"} | {"error", "status"[, "http_status"]}}}``: items merged
+        in query order, de-duplicated by id and sorted. ``on_child(result)``
+        (a :class:`Result` with ``.query``) is called as each child ends,
+        before the future resolves. Options: those of :meth:`search` plus
+        ``fail_fast``. Cancelling the future cancels the children."""
+        if isinstance(queries, (str, bytes)):
+            raise TypeError("queries must be an iterable of str, not a single string")
+        raw = [_ffi.encode_str(q, "query") for q in queries]
+        array = (ctypes.c_char_p * max(1, len(raw)))(*raw)
+        n = len(raw)
+        if on_child is not None:
+            if not callable(on_child):
+                raise TypeError("on_child must be a callable(result)")
+            options["child_events"] = True
+        state = _OpState("search_all", self, on_child=on_child)
+        L = self._core.lib
+        cb_done = self._core.completion_cb
+        return self._submit(state, self._options(options, None),
+                            lambda h, o, t: L.fq_submit_search_all(h, array, n, o, cb_done, t))
+
+    def request(self, method: str, url: str, *, headers: Optional[Dict[str, str]] = None,
+                params: Optional[Dict[str, Any]] = None, json: Any = _UNSET,
+                data: Union[str, bytes, None] = None,
+                progress: Optional[ProgressFn] = None,
+                on_update: Optional[Callable[[Any], Any]] = None, **options: Any) -> Any:
+        """Submits an HTTP request; the result is a :class:`Response`.
+
+        ``params`` are URL-encoded into the query string; ``json`` is sent as
+        a JSON body (Content-Type: application/json); ``data`` (str or UTF-8
+        bytes) is sent as is. Non-UTF-8 bytes raise TypeError: the C request
+        carries the body as a JSON string. ``options``: parse ("auto", "json",
+        "none"), accept_status, timeout_ms, retry, coalesce, cache, ... and
+        every common option. With ``cache="stale-while-revalidate"``,
+        ``on_update(response)`` gets the cached :class:`Response` (its
+        ``from_cache`` is True) before the future resolves with the fresh one."""
+        if not isinstance(method, str) or not isinstance(url, str):
+            raise TypeError("method and url must be str")
+        req: Dict[str, Any] = {"method": method, "url": url}
+        if headers is not None:
+            req["headers"] = dict(headers)
+        if params is not None:
+            req["query"] = dict(params)
+        if json is not _UNSET and data is not None:
+            raise TypeError("pass json= or data=, not both")
+        if json is not _UNSET:
+            if isinstance(json, str):
+                # a str would be sent raw; send it as a JSON string value instead
+                req["body"] = _json.dumps(json)
+                req.setdefault("headers", {})
+                if not any(k.lower() == "content-type" for k in req["headers"]):
+                    req["headers"]["Content-Type"] = "application/json"
+            else:
+                req["body"] = json
+        elif data is not None:
+            if isinstance(data, (bytes, bytearray, memoryview)):
+                try:
+                    req["body"] = bytes(data).decode("utf-8")
+                except UnicodeDecodeError:
+                    raise TypeError(
+                        "data must be valid UTF-8: libfetchq takes the request body as a "
+                        "JSON string, so arbitrary bytes cannot be sent yet") from None
+            elif isinstance(data, str):
+                req["body"] = data
+            else:
+                raise TypeError("data must be str or bytes, not %s" % type(data).__name__)
+        on_update = _callable_or_none(on_update, "on_update")
+        request = _ffi.to_json(req, "request")
+        state = _OpState("request", self, progress=progress)
+        state.on_update = on_update
+        L = self._core.lib
+        cb_done = self._core.completion_cb
+        try:
+            opts = self._options(options, progress)
+        except BaseException:
+            _ffi.decref(request)
+            raise
+        return self._submit(state, opts,
+                            lambda h, o, t: L.fq_submit_request(h, request, o, cb_done, t),
+                            extra=request)
+
+    def get(self, url: str, **kwargs: Any) -> Any:
+        """``request("GET", url, **kwargs)``."""
+        return self.request("GET", url, **kwargs)
+
+    def __repr__(self) -> str:
+        return "<fetchq.Queue %r max_concurrent=%d%s>" % (
+            self.name, self._max, " closed" if self._handle is None else "")
+
+
+class AsyncQueue(Queue):
+    """A queue of an :class:`AsyncEngine`: ``search``/``request``/``submit``
+    return :class:`AsyncFuture` objects (awaitable), ``asearch``/``arequest``/
+    ``asubmit`` are coroutines, and ``wait`` is a coroutine."""
+
+    async def asearch(self, query: str, **options: Any) -> Any:
+        return await self.search(query, **options)
+
+    async def asearch_all(self, queries: Iterable[str], **options: Any) -> Any:
+        return await self.search_all(queries, **options)
+
+    async def arequest(self, method: str, url: str, **kwargs: Any) -> Any:
+        return await self.request(method, url, **kwargs)
+
+    async def asubmit(self, fn: Callable[..., Any], *args: Any, **options: Any) -> Any:
+        return await self.submit(fn, *args, **options)
+
+    async def wait(self, timeout: Optional[float] = None) -> None:  # type: ignore[override]
+        """Waits until every operation of this queue is resolved (on the loop,
+        without blocking it); raises :class:`fetchq.Timeout`."""
+        await _await_pending(self._core, lambda s: s.queue is self, timeout)
+
+
+async def _await_pending(core: _Core, which: Callable[[_OpState], bool],
+                         timeout: Optional[float]) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout is None else loop.time() + timeout
+    while True:
+        futs = [s.future for s in list(core.pending.values()) if which(s)]
+        if not futs:
+            return
+        remaining = None if deadline is None else max(0.0, deadline - loop.time())
+        done, not_done = await asyncio.wait(futs, timeout=remaining)
+        if not_done:
+            raise Timeout("%d operation(s) still unfinished" % len(not_done))
+
+
+# --------------------------------------------------------------------------
+# Engines
+
+class _EngineBase:
+    _core: _Core
+    _queues: Dict[str, Queue]
+    _queue_class: type = Queue
+
+    def queue(self, name: str, max_concurrent: Optional[int] = None) -> Any:
+        """The queue named ``name``, created on first use with
+        ``max_concurrent`` (default 4); for an existing queue a different
+        ``max_concurrent`` is applied."""
+        existing = self._queues.get(name)
+        if existing is not None:
+            if max_concurrent is not None and max_concurrent != existing.max_concurrent:
+                existing.set_max_concurrent(max_concurrent)
+            return existing
+        q = self._queue_class(self, name, 4 if max_concurrent is None else max_concurrent)
+        self._queues[name] = q
+        self._core.queues.add(q)
+        return q
+
+    @property
+    def closed(self) -> bool:
+        return self._core.handle is None
+
+    def cancel(self, op: OpRef) -> bool:
+        """Cancels one operation (a future or an id); False if it already
+        finished."""
+        if isinstance(op, (Future, AsyncFuture)):
+            return op.cancel()
+        status = self._core.call(self._core.lib.fq_cancel, self._core.op_id_of(op))
+        if status == FQ_ERR_NOT_FOUND:
+            return False
+        _ffi.check(status)
+        return True
+
+    def cancel_group(self, group: str) -> int:
+        """Cancels every unfinished operation submitted with ``group=``."""
+        return int(self._core.call(self._core.lib.fq_cancel_group,
+                                   _ffi.encode_str(group, "group")))
+
+    def cancel_all(self) -> int:
+        return int(self._core.call(self._core.lib.fq_cancel_all))
+
+    def set_priority(self, op: OpRef, priority: Union[int, str]) -> None:
+        """Changes the priority of an operation that has not started."""
+        if isinstance(priority, str):
+            if priority not in _PRIORITIES:
+                raise InvalidArgument("unknown priority %r" % priority)
+            priority = _PRIORITIES[priority]
+        self._core.call(self._core.lib.fq_set_priority, self._core.op_id_of(op), priority)
+
+    def add_dependency(self, op: OpRef, dep: OpRef) -> None:
+        """Makes ``op`` (not started yet) also wait for ``dep``."""
+        self._core.call(self._core.lib.fq_add_dependency,
+                        self._core.op_id_of(op), self._core.op_id_of(dep))
+
+    def stats(self) -> Dict[str, Any]:
+        """The engine's counters (see fq_engine_stats)."""
+        ptr = self._core.call(self._core.lib.fq_engine_stats)
+        try:
+            return _ffi.from_json(ptr) or {}
+        finally:
+            _ffi.decref(ptr)  # NEW reference
+
+    @property
+    def pending_count(self) -> int:
+        """Operations whose future is not resolved yet."""
+        return len(self._core.pending)
+
+
+class Engine(_EngineBase):
+    """An engine with thread delivery: futures are
+    ``concurrent.futures.Future`` subclasses resolved on the engine's delivery
+    thread (their done-callbacks run there; they may submit more work).
+
+    ``Engine(**config)`` takes the keys of ``fq_engine_new`` (workers,
+    aging_ms, history, max_per_host, connect_timeout_ms, timeout_ms,
+    max_wait_ms, max_redirects, max_response_bytes, max_json_depth,
+    verify_tls, ca_file, user_agent, rate_limits, cache, log, search={url,
+    results, id, sort, order}). The library's log lines go to the ``logging``
+    logger "fetchq.engine" (``use_logging=False``: standard error, the C
+    default). Use it as a context manager, or call :meth:`close`.
+    """
+
+    _queue_class = Queue
+
+    def __init__(self, *, use_logging: bool = True, **config: Any) -> None:
+        delivery = config.pop("delivery", "thread")
+        if delivery != "thread":
+            raise InvalidArgument("Engine uses thread delivery; use AsyncEngine for poll/asyncio")
+        config["delivery"] = "thread"
+        self._queues = {}
+        self._core = _Core(config, "thread", use_logging=use_logging)
+        self._finalizer = weakref.finalize(self, _finalize, self._core, None)
+
+    def close(self) -> None:
+        """Cancels pending work, waits for running operations, resolves every
+        future (cancelled) and frees the engine. Idempotent. StateError from
+        inside one of its callbacks or bodies."""
+        self._core.close()
+        self._finalizer.detach()
+
+    def wait_idle(self, timeout: Optional[float] = None) -> None:
+        """Blocks until every operation finished and its future is resolved;
+        raises :class:`fetchq.Timeout`."""
+        self._core.call(self._core.lib.fq_engine_wait_idle, _timeout_ms(timeout))
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return "<fetchq.Engine %s>" % ("closed" if self.closed else "open")
+
+
+class AsyncEngine(_EngineBase):
+    """An engine for asyncio (config "delivery": "poll").
+
+    Create it inside a running loop (or pass ``loop=``); its event fd is
+    watched with ``loop.add_reader`` and completions are dispatched on the
+    loop's thread. Queues are :class:`AsyncQueue`. Use ``async with``, or
+    ``await aclose()`` / ``close()``.
+    """
+
+    _queue_class = AsyncQueue
+
+    def __init__(self, *, loop: Optional[asyncio.AbstractEventLoop] = None,
+                 use_logging: bool = True, **config: Any) -> None:
+        if loop is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                raise StateError("create an AsyncEngine inside a running event loop "
+                                 "(or pass loop=)") from None
+        delivery = config.pop("delivery", "poll")
+        if delivery != "poll":
+            raise InvalidArgument("AsyncEngine uses poll delivery; use Engine for threads")
+        config["delivery"] = "poll"
+        self._loop = loop
+        self._queues = {}
+        self._core = _Core(config, "poll", loop, use_logging=use_logging)
+        fd = self._core.fd
+        loop.add_reader(fd, self._core.on_readable)
+
+        removed = [False]
+
+        def remove_reader() -> None:
+            # once only: after the free, fd may be another engine's event fd
+            if not removed[0]:
+                removed[0] = True
+                if not loop.is_closed():
+                    loop.remove_reader(fd)
+
+        self._remove_reader = remove_reader
+        self._finalizer = weakref.finalize(self, _finalize, self._core, remove_reader)
+
+    @property
+    def event_fd(self) -> int:
+        return self._core.fd
+
+    def dispatch(self, max_count: int = 0) -> int:
+        """Runs waiting completions now (the loop's reader does this)."""
+        return self._core.dispatch(max_count)
+
+    def close(self) -> None:
+        """Frees the engine now; pending futures are resolved (cancelled)
+        before it returns. Blocks the loop while running operations end; prefer
+        ``await aclose()``."""
+        self._remove_reader()
+        self._core.close()
+        self._finalizer.detach()
+
+    async def aclose(self, timeout: Optional[float] = 30.0) -> None:
+        """Cancels everything, lets the completions arrive through the loop,
+        then frees the engine."""
+        if not self.closed:
+            self.cancel_all()
+            try:
+                await _await_pending(self._core, lambda s: True, timeout)
+            except Timeout:
+                pass
+        self.close()
+
+    async def wait_idle(self, timeout: Optional[float] = None) -> None:
+        """Waits (on the loop) until every future is resolved."""
+        await _await_pending(self._core, lambda s: True, timeout)
+
+    async def __aenter__(self) -> "AsyncEngine":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        return "<fetchq.AsyncEngine %s>" % ("closed" if self.closed else "open")
+
+
+def version() -> str:
+    """The loaded library's version string (fq_version_string)."""
+    return (_ffi.lib().fq_version_string() or b"").decode()
+
+
+def library_path() -> str:
+    """The path of the loaded libfetchq."""
+    return _ffi.lib().path
+
+
+__all__ = [
+    "Engine", "AsyncEngine", "Queue", "AsyncQueue", "Future", "AsyncFuture",
+    "Response", "Result", "Op", "AsyncOp", "current_op", "version", "library_path",
+]

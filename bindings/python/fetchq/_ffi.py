@@ -1,0 +1,551 @@
+"""The ctypes layer: finding libfetchq, one declaration table for every C
+function of ``include/fetchq.h``, the callback types, and the jansson bridge.
+
+Nothing here knows about futures or engines; ``_engine.py`` builds on it.
+
+Loading order (the first that loads wins; every failure is remembered so the
+final error lists each path tried and why it failed):
+
+1. ``$FETCHQ_LIBRARY`` (a path to libfetchq.so*), if set;
+2. a copy inside this package (``fetchq/libfetchq.so*``, put there by
+   ``make`` — the build copies ``build/lib/libfetchq.so.0``);
+3. the system loader: ``ctypes.util.find_library("fetchq")`` and then
+   ``libfetchq.so.0`` (``LD_LIBRARY_PATH``, ``ldconfig`` cache, rpath).
+
+JSON. The C ABI passes ``json_t *`` (jansson). This module resolves jansson's
+functions through the libfetchq handle itself (``dlsym`` on a library handle
+searches that library's dependencies), so it uses exactly the libjansson that
+libfetchq is linked with; it falls back to loading ``libjansson.so.4``.
+
+Reference counting. ``json_incref``/``json_decref`` are ``static inline`` in
+``jansson.h`` (atomic operations on ``json_t.refcount``), so libjansson.so.4
+does not export them; it exports ``json_delete``, which frees unconditionally.
+Calling ``json_delete`` on a value someone else may still reference would be a
+use-after-free, so the binding never calls it on a foreign value. Instead:
+
+* Values the library hands us (callback results, dependency results) are
+  BORROWED: they are serialized with ``json_dumps`` during the call and never
+  released by us.
+* To drop a reference we own (a config/options/request object we built, or
+  the NEW reference from ``fq_engine_stats``) we move it into a fresh array
+  with ``json_array_append_new`` (which steals it) and ``json_delete`` that
+  array. The array was created by us and never shared, so deleting it is
+  exactly ``json_decref`` of the array, and jansson's own array destructor then
+  performs a real, atomic ``json_decref`` on the element — correct whatever
+  the element's refcount is (shared, or one of the immortal singletons).
+* Block bodies return a NEW reference that the library STEALS: nothing to do.
+
+The string from ``json_dumps`` is released with the free function jansson
+reports through ``json_get_alloc_funcs`` (the allocator it actually used).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import glob
+import json as _json
+import os
+import threading
+from ctypes import (
+    CFUNCTYPE, POINTER, Structure, byref, c_bool, c_char, c_char_p, c_int,
+    c_int64, c_long, c_size_t, c_uint32, c_uint64, c_void_p,
+)
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+
+from .errors import (
+    InvalidArgument, LibraryNotFound, UnsupportedError, error_for_status,
+)
+
+# --------------------------------------------------------------------------
+# Constants mirrored from fetchq.h and jansson.h
+
+BINDING_VERSION_MAJOR = 0  # the FQ_VERSION_MAJOR this binding was written for
+
+FQ_OK = 0
+FQ_ERR_INVALID = -1
+FQ_ERR_NOT_FOUND = -2
+FQ_ERR_STATE = -3
+FQ_ERR_SHUTDOWN = -5
+FQ_ERR_CANCELLED = -7
+FQ_ERR_DEPENDENCY = -8
+FQ_ERR_OPERATION = -9
+FQ_ERR_HTTP = -11
+
+FQ_SUCCEEDED = 1
+FQ_FAILED = 2
+FQ_CANCELLED = 3
+
+FQ_EVENT_PROGRESS = 1
+FQ_EVENT_CHILD = 2
+FQ_EVENT_UPDATE = 3
+
+JSON_DECODE_ANY = 0x4
+JSON_ALLOW_NUL = 0x10
+JSON_COMPACT = 0x20
+JSON_ENCODE_ANY = 0x200
+
+_LOAD_FLAGS = JSON_DECODE_ANY | JSON_ALLOW_NUL
+_DUMP_FLAGS = JSON_ENCODE_ANY | JSON_COMPACT
+
+
+# --------------------------------------------------------------------------
+# Typed opaque handles (a wrong handle type is a ctypes ArgumentError)
+
+class _FqEngine(Structure):
+    pass
+
+
+class _FqQueue(Structure):
+    pass
+
+
+class _FqStore(Structure):
+    pass
+
+
+class JsonT(Structure):
+    """``json_t``'s public layout (jansson.h); only used as a pointer type."""
+
+    _fields_ = [("type", c_int), ("refcount", c_size_t)]
+
+
+EngineP = POINTER(_FqEngine)
+QueueP = POINTER(_FqQueue)
+StoreP = POINTER(_FqStore)
+JsonP = POINTER(JsonT)
+
+# fq_op / fq_result / fq_event only exist during a callback: passed as raw
+# addresses (c_void_p) for speed.
+
+COMPLETION_FN = CFUNCTYPE(None, c_void_p, c_void_p)      # (const fq_result *, void *)
+BLOCK_FN = CFUNCTYPE(c_void_p, c_void_p, c_void_p)       # json_t *(fq_op *, void *)
+ASYNC_FN = CFUNCTYPE(None, c_void_p, c_void_p)           # (fq_op *, void *)
+EVENT_FN = CFUNCTYPE(None, c_void_p, c_void_p)           # (const fq_event *, void *)
+LOG_FN = CFUNCTYPE(None, c_int, c_char_p, c_void_p)      # (int level, const char *, void *)
+
+
+class JsonError(Structure):
+    """``json_error_t``."""
+
+    _fields_ = [
+        ("line", c_int),
+        ("column", c_int),
+        ("position", c_int),
+        ("source", c_char * 80),
+        ("text", c_char * 160),
+    ]
+
+
+# --------------------------------------------------------------------------
+# errcheck functions: status codes -> exceptions
+
+def _message() -> str:
+    """fq_last_error() of this thread (read right after the failing call)."""
+    raw = _LIB_STATE.last_error()
+    return raw.decode("utf-8", "replace") if raw else ""
+
+
+def _check_status(result: int, func: Any, args: Tuple[Any, ...]) -> int:
+    if result < 0:
+        raise error_for_status(result, _message() or _strerror(result))
+    return result
+
+
+def _check_handle(result: Any, func: Any, args: Tuple[Any, ...]) -> Any:
+    if not result:
+        # The C API returns NULL without a status; its documented causes are
+        # invalid arguments/config (FQ_ERR_INVALID).
+        raise InvalidArgument(_message() or "%s failed" % func.__name__)
+    return result
+
+
+def last_error_message() -> str:
+    """fq_last_error() of this thread, decoded."""
+    return _message()
+
+
+def _strerror(status: int) -> str:
+    raw = _LIB_STATE.strerror(status)
+    return raw.decode("utf-8", "replace") if raw else "status %d" % status
+
+
+# --------------------------------------------------------------------------
+# THE declaration table: (name, restype, argtypes, errcheck).
+# Keep in the order of include/fetchq.h.
+
+_Decl = Tuple[str, Any, List[Any], Optional[Callable[..., Any]]]
+
+FUNCTIONS: List[_Decl] = [
+    # Version / status
+    ("fq_version", c_uint32, [], None),
+    ("fq_version_string", c_char_p, [], None),
+    ("fq_strerror", c_char_p, [c_int], None),
+    ("fq_last_error", c_char_p, [], None),
+    # Engine
+    ("fq_engine_new", EngineP, [JsonP, c_char_p, c_size_t], _check_handle),
+    ("fq_engine_free", c_int, [EngineP], _check_status),
+    ("fq_engine_wait_idle", c_int, [EngineP, c_int], _check_status),
+    ("fq_engine_set_log_fn", c_int, [EngineP, LOG_FN, c_void_p], _check_status),
+    ("fq_engine_stats", JsonP, [EngineP], None),
+    ("fq_engine_event_fd", c_int, [EngineP], _check_status),
+    ("fq_engine_dispatch", c_int, [EngineP, c_int], _check_status),
+    # Queues
+    ("fq_queue_new", QueueP, [EngineP, c_char_p, c_int], _check_handle),
+    ("fq_queue_free", None, [QueueP], None),
+    ("fq_queue_set_max_concurrent", c_int, [QueueP, c_int], _check_status),
+    ("fq_queue_set_suspended", c_int, [QueueP, c_bool], _check_status),
+    ("fq_queue_cancel_all", c_int, [QueueP], _check_status),
+    ("fq_queue_wait", c_int, [QueueP, c_int], _check_status),
+    # Submitting (return an id > 0 or a negative status)
+    ("fq_submit_block", c_int64, [QueueP, BLOCK_FN, JsonP, COMPLETION_FN, c_void_p], _check_status),
+    ("fq_submit_async", c_int64, [QueueP, ASYNC_FN, JsonP, COMPLETION_FN, c_void_p], _check_status),
+    ("fq_submit_request", c_int64, [QueueP, JsonP, JsonP, COMPLETION_FN, c_void_p], _check_status),
+    ("fq_submit_search", c_int64, [QueueP, c_char_p, JsonP, COMPLETION_FN, c_void_p], _check_status),
+    ("fq_submit_search_all", c_int64,
+     [QueueP, POINTER(c_char_p), c_size_t, JsonP, COMPLETION_FN, c_void_p], _check_status),
+    # Events
+    ("fq_engine_set_event_fn", c_int, [EngineP, EVENT_FN, c_void_p], _check_status),
+    ("fq_event_op_id", c_int64, [c_void_p], None),
+    ("fq_event_get_type", c_int, [c_void_p], None),
+    ("fq_event_progress", c_int, [c_void_p, POINTER(c_uint64), POINTER(c_uint64)], _check_status),
+    ("fq_event_result", c_void_p, [c_void_p], None),
+    ("fq_event_query", c_char_p, [c_void_p], None),
+    # Inside an operation's body
+    ("fq_op_get_id", c_int64, [c_void_p], None),
+    ("fq_op_is_cancelled", c_bool, [c_void_p], None),
+    ("fq_op_set_error", c_int, [c_void_p, c_char_p], _check_status),
+    ("fq_op_finish", c_int, [c_void_p, JsonP, c_char_p], _check_status),
+    ("fq_op_dependency_result", JsonP, [c_void_p, c_int64], None),
+    ("fq_op_dependency", c_void_p, [c_void_p, c_int64], None),
+    # Controlling operations
+    ("fq_cancel", c_int, [EngineP, c_int64], None),  # raw: Future.cancel() reads the status
+    ("fq_cancel_group", c_int, [EngineP, c_char_p], _check_status),
+    ("fq_cancel_all", c_int, [EngineP], _check_status),
+    ("fq_set_priority", c_int, [EngineP, c_int64, c_int], _check_status),
+    ("fq_add_dependency", c_int, [EngineP, c_int64, c_int64], _check_status),
+    # Results (inside a completion callback)
+    ("fq_result_op_id", c_int64, [c_void_p], None),
+    ("fq_result_outcome", c_int, [c_void_p], None),
+    ("fq_result_status", c_int, [c_void_p], None),
+    ("fq_result_error", c_char_p, [c_void_p], None),
+    ("fq_result_value", JsonP, [c_void_p], None),
+    ("fq_result_http_status", c_long, [c_void_p], None),
+    ("fq_result_headers", JsonP, [c_void_p], None),
+    ("fq_result_body", c_void_p, [c_void_p, POINTER(c_size_t)], None),
+    ("fq_result_metrics", JsonP, [c_void_p], None),
+    ("fq_result_from_cache", c_bool, [c_void_p], None),
+    # Item store
+    ("fq_store_open", StoreP, [c_char_p, c_char_p, c_size_t], None),  # NULL: checked by Store
+    ("fq_store_free", None, [StoreP], None),
+    ("fq_store_items", JsonP, [StoreP, c_char_p, c_char_p, c_bool], None),  # NULL: checked
+    ("fq_store_get", c_int, [StoreP, c_char_p, c_char_p, POINTER(JsonP)], _check_status),
+    ("fq_store_get_json", c_int, [StoreP, c_char_p, JsonP, POINTER(JsonP)], _check_status),
+    ("fq_store_count", c_int64, [StoreP, c_char_p], _check_status),
+    ("fq_store_upsert", c_int, [StoreP, c_char_p, JsonP, c_char_p, c_char_p, POINTER(JsonP)],
+     _check_status),
+]
+
+# Older names still accepted when the library predates a rename in the header.
+ALIASES: Dict[str, str] = {"fq_event_result": "fq_event_child_result"}
+
+# jansson functions used by the bridge (all exported by libjansson.so.4).
+JANSSON_FUNCTIONS: List[_Decl] = [
+    ("json_loadb", JsonP, [c_char_p, c_size_t, c_size_t, POINTER(JsonError)], None),
+    ("json_dumps", c_void_p, [JsonP, c_size_t], None),  # char *, freed below
+    ("json_array", JsonP, [], None),
+    ("json_array_append_new", c_int, [JsonP, JsonP], None),
+    ("json_array_extend", c_int, [JsonP, JsonP], None),
+    ("json_array_size", c_size_t, [JsonP], None),
+    ("json_delete", None, [JsonP], None),
+    ("json_get_alloc_funcs", None, [POINTER(c_void_p), POINTER(c_void_p)], None),
+]
+
+_FREE_FN = CFUNCTYPE(None, c_void_p)
+
+
+class _Missing:
+    """Stands in for a function the loaded library does not export."""
+
+    def __init__(self, name: str, path: str) -> None:
+        self.__name__ = name
+        self._path = path
+
+    def __call__(self, *args: Any) -> Any:
+        raise UnsupportedError(
+            "%s is not exported by %s (the library is older than the header "
+            "this binding was written for)" % (self.__name__, self._path))
+
+    def __bool__(self) -> bool:
+        return False
+
+
+class Library:
+    """The loaded libfetchq with every declared function as an attribute."""
+
+    def __init__(self, cdll: ctypes.CDLL, path: str) -> None:
+        self.cdll = cdll
+        self.path = path
+        self.missing: List[str] = []
+        for name, restype, argtypes, errcheck in FUNCTIONS:
+            try:
+                fn = getattr(cdll, name)
+            except AttributeError:
+                try:
+                    fn = getattr(cdll, ALIASES[name])
+                except (KeyError, AttributeError):
+                    self.missing.append(name)
+                    setattr(self, name, _Missing(name, path))
+                    continue
+            fn.restype = restype
+            fn.argtypes = argtypes
+            if errcheck is not None:
+                fn.errcheck = errcheck
+            setattr(self, name, fn)
+        self.jansson_path = path
+        self.jansson = self._jansson(cdll)
+        self.last_error = self.fq_last_error
+        self.strerror = self.fq_strerror
+        malloc_fn, free_fn = c_void_p(), c_void_p()
+        self.jansson.json_get_alloc_funcs(byref(malloc_fn), byref(free_fn))
+        if not free_fn.value:
+            raise LibraryNotFound("jansson reports no free function")
+        self.json_free = _FREE_FN(free_fn.value)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for names not set in __init__; tells type checkers
+        # that the declared functions are dynamic attributes.
+        raise AttributeError(name)
+
+    def has(self, name: str) -> bool:
+        return name not in self.missing
+
+    def _jansson(self, cdll: ctypes.CDLL) -> Any:
+        # dlsym through libfetchq's handle finds the jansson it is linked with.
+        source: Any = cdll
+        try:
+            getattr(cdll, "json_loadb")
+        except AttributeError:
+            source = ctypes.CDLL("libjansson.so.4")
+            self.jansson_path = "libjansson.so.4"
+
+        class _J:
+            pass
+
+        j: Any = _J()
+        for name, restype, argtypes, _ in JANSSON_FUNCTIONS:
+            fn = getattr(source, name)
+            fn.restype = restype
+            fn.argtypes = argtypes
+            setattr(j, name, fn)
+        return j
+
+
+class _LibState:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.lib: Optional[Library] = None
+        self.last_error: Callable[[], Optional[bytes]] = lambda: None
+        self.strerror: Callable[[int], Optional[bytes]] = lambda s: None
+
+
+_LIB_STATE = _LibState()
+
+
+def candidate_paths(env: Optional[str] = None, package_dir: Optional[str] = None,
+                    system: bool = True) -> List[str]:
+    """The paths/names tried, in order (see the module docstring)."""
+    out: List[str] = []
+    if env:
+        out.append(env)
+    if package_dir is None:
+        package_dir = os.path.dirname(os.path.abspath(__file__))
+    copies = sorted(glob.glob(os.path.join(package_dir, "libfetchq.so*")),
+                    key=lambda p: (not p.endswith(".so.0"), p))
+    out.extend(copies)
+    if system:
+        found = ctypes.util.find_library("fetchq")
+        if found:
+            out.append(found)
+        out.append("libfetchq.so.0")
+    seen: Dict[str, None] = {}
+    for p in out:
+        seen.setdefault(p, None)
+    return list(seen)
+
+
+def load_library(candidates: Optional[Iterable[str]] = None) -> Library:
+    """Loads the first candidate that works; raises LibraryNotFound listing
+    every candidate and its error when none does."""
+    system_note = None
+    if candidates is None:
+        candidates = candidate_paths(os.environ.get("FETCHQ_LIBRARY"))
+        if not ctypes.util.find_library("fetchq"):
+            system_note = "  (ctypes.util.find_library('fetchq') found nothing)"
+    tried: List[str] = []
+    for path in candidates:
+        try:
+            cdll = ctypes.CDLL(path)
+        except OSError as exc:
+            tried.append("  %s: %s" % (path, exc))
+            continue
+        try:
+            getattr(cdll, "fq_version")
+        except AttributeError:
+            tried.append("  %s: loaded, but it does not export fq_version" % path)
+            continue
+        real = _real_path(cdll, path)
+        lib = Library(cdll, real)
+        major = (lib.fq_version() >> 16) & 0xFF
+        if major != BINDING_VERSION_MAJOR:
+            tried.append("  %s: version %s, this binding needs %d.x" % (
+                real, lib.fq_version_string().decode(), BINDING_VERSION_MAJOR))
+            continue
+        return lib
+    if system_note is not None:
+        tried.append(system_note)
+    raise LibraryNotFound(
+        "could not load libfetchq; tried (set FETCHQ_LIBRARY to its path):\n"
+        + ("\n".join(tried) if tried else "  (no candidates)"))
+
+
+def _real_path(cdll: ctypes.CDLL, fallback: str) -> str:
+    """The file the loader actually mapped (via dladdr-free /proc lookup)."""
+    if os.path.sep in fallback:
+        return os.path.realpath(fallback)
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                if "libfetchq" in line:
+                    return line.split()[-1]
+    except OSError:
+        pass
+    return fallback
+
+
+def lib() -> Library:
+    """The process-wide library, loaded on first use."""
+    state = _LIB_STATE
+    loaded = state.lib
+    if loaded is not None:
+        return loaded
+    with state.lock:
+        if state.lib is None:
+            loaded = load_library()
+            state.last_error = loaded.fq_last_error
+            state.strerror = loaded.fq_strerror
+            state.lib = loaded
+        return state.lib
+
+
+# --------------------------------------------------------------------------
+# Python objects <-> json_t
+
+def to_json(value: Any, what: str = "value") -> Any:
+    """A NEW ``json_t *`` (JsonP) for a Python value (dict/list/str/int/float/
+    bool/None). Raises TypeError for values JSON cannot hold and ValueError
+    for those jansson rejects (NaN, integers beyond int64, lone surrogates)."""
+    try:
+        text = _json.dumps(value, ensure_ascii=True, allow_nan=False,
+                           separators=(",", ":"))
+    except ValueError as exc:
+        raise ValueError("%s is not valid JSON: %s" % (what, exc)) from None
+    except TypeError as exc:
+        raise TypeError("%s is not JSON-serializable: %s" % (what, exc)) from None
+    data = text.encode("ascii")
+    err = JsonError()
+    j = lib().jansson
+    ptr = j.json_loadb(data, len(data), _LOAD_FLAGS, byref(err))
+    if not ptr:
+        raise ValueError("%s cannot be represented in jansson: %s" % (
+            what, err.text.decode("utf-8", "replace")))
+    return ptr
+
+
+def to_json_or_null(value: Optional[Dict[str, Any]], what: str) -> Any:
+    """Like to_json, but None gives a NULL pointer (C "no options")."""
+    if value is None:
+        return None
+    return to_json(value, what)
+
+
+def decref(ptr: Any) -> None:
+    """Drops one reference we own (see the module docstring for why this is
+    json_array_append_new + json_delete of our private array)."""
+    if not ptr:
+        return
+    j = lib().jansson
+    holder = j.json_array()
+    if not holder:
+        raise MemoryError("json_array failed")
+    j.json_array_append_new(holder, ptr)  # steals ptr (decrefs it on failure)
+    j.json_delete(holder)
+
+
+def from_json(ptr: Any) -> Any:
+    """The Python value of a BORROWED ``json_t *`` (None for NULL)."""
+    if not ptr:
+        return None
+    L = lib()
+    raw = L.jansson.json_dumps(ptr, _DUMP_FLAGS)
+    if not raw:
+        raise MemoryError("json_dumps failed")
+    try:
+        data = ctypes.string_at(raw)
+    finally:
+        L.json_free(raw)
+    try:
+        return _json.loads(data)
+    except UnicodeDecodeError:
+        # A string the library built without UTF-8 validation (e.g. a header
+        # with obs-text bytes): keep it readable.
+        return _json.loads(data.decode("utf-8", "replace"))
+
+
+def has_json(ptr: Any) -> bool:
+    return bool(ptr)
+
+
+def bytes_at(address: Optional[int], length: int) -> bytes:
+    if not address or length <= 0:
+        return b""
+    return ctypes.string_at(address, length)
+
+
+def cstr(value: Optional[bytes]) -> Optional[str]:
+    return None if value is None else value.decode("utf-8", "replace")
+
+
+def encode_str(value: str, what: str) -> bytes:
+    if not isinstance(value, str):
+        raise TypeError("%s must be a str, not %s" % (what, type(value).__name__))
+    data = value.encode("utf-8")
+    if b"\0" in data:
+        raise ValueError("%s must not contain NUL characters" % what)
+    return data
+
+
+def check(status: int) -> int:
+    """Turns a raw status (from a function declared without errcheck) into an
+    exception, reading fq_last_error() at once."""
+    if status < 0:
+        raise error_for_status(status, _message() or _strerror(status))
+    return status
+
+
+def progress_of(event: int) -> Tuple[int, int]:
+    received, expected = c_uint64(), c_uint64()
+    lib().fq_event_progress(event, byref(received), byref(expected))
+    return received.value, expected.value
+
+
+def body_of(result: int) -> bytes:
+    length = c_size_t(0)
+    address = lib().fq_result_body(result, byref(length))
+    return bytes_at(address, length.value)
+
+
+__all__ = [
+    "Library", "lib", "load_library", "candidate_paths", "to_json", "to_json_or_null",
+    "from_json", "decref", "check", "COMPLETION_FN", "BLOCK_FN", "ASYNC_FN", "EVENT_FN", "LOG_FN",
+]

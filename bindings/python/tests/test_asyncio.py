@@ -1,0 +1,233 @@
+"""AsyncEngine: poll delivery through loop.add_reader; completions, progress
+and child events on the loop's thread; task cancellation cancels operations."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+from typing import Any, Awaitable, Callable, Dict, List, TypeVar
+
+import pytest
+
+import fetchq
+
+from conftest import TIMEOUT, Server, has_function, search_config
+
+T = TypeVar("T")
+
+
+def run(coro_fn: Callable[[], Awaitable[T]]) -> T:
+    async def bounded() -> T:
+        return await asyncio.wait_for(coro_fn(), timeout=60)
+    return asyncio.run(bounded())
+
+
+needs_network = pytest.mark.network  # the library must have network ops
+
+
+def test_needs_a_running_loop() -> None:
+    with pytest.raises(fetchq.StateError, match="running event loop"):
+        fetchq.AsyncEngine()
+    with pytest.raises(fetchq.InvalidArgument):
+        run(lambda: _make(delivery="thread"))
+
+
+async def _make(**cfg: Any) -> None:
+    fetchq.AsyncEngine(**cfg)
+
+
+def test_asubmit_and_futures_on_the_loop_thread() -> None:
+    async def main() -> None:
+        loop_thread = threading.get_ident()
+        async with fetchq.AsyncEngine(workers=2) as engine:
+            assert engine.event_fd >= 0
+            q = engine.queue("a", max_concurrent=2)
+            assert isinstance(q, fetchq.AsyncQueue)
+            assert await q.asubmit(lambda x: x * 2, 21) == 42
+            fut = q.submit(lambda: {"k": [1]})
+            assert isinstance(fut, fetchq.AsyncFuture) and isinstance(fut, asyncio.Future)
+            threads: List[int] = []
+            fut.add_done_callback(lambda f: threads.append(threading.get_ident()))
+            assert await fut == {"k": [1]}
+            await asyncio.sleep(0)
+            assert threads == [loop_thread]
+            dep = q.submit(lambda op: op.dependency_result(fut)["k"] + [2], pass_op=True, depends_on=fut)
+            assert await dep == [1, 2]
+            with pytest.raises(fetchq.OperationError, match="ZeroDivisionError"):
+                await q.asubmit(lambda: 1 / 0)
+            results = await asyncio.gather(*(q.asubmit(lambda i=i: i) for i in range(200)))
+            assert results == list(range(200))
+            later = q.submit_async(lambda op: threading.Timer(0.02, op.finish, args=("done",)).start())
+            assert await later == "done"
+        assert engine.closed
+    run(main)
+
+
+def test_task_cancel_cancels_the_operation() -> None:
+    async def main() -> None:
+        async with fetchq.AsyncEngine(workers=2) as engine:
+            q = engine.queue("c", max_concurrent=1)
+            started = threading.Event()
+            saw: List[bool] = []
+
+            def body(op: fetchq.Op) -> int:
+                started.set()
+                deadline = time.monotonic() + TIMEOUT
+                while not op.cancelled and time.monotonic() < deadline:
+                    time.sleep(0.002)
+                saw.append(op.cancelled)
+                return 1
+
+            task = asyncio.ensure_future(q.asubmit(body, pass_op=True))
+            while not started.is_set():
+                await asyncio.sleep(0.005)
+            queued = q.submit(lambda: 2)         # waits for the slot
+            q.suspend()                          # and stays queued
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert saw == [True]                 # the running body saw the cancel
+            assert queued.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await queued
+            assert queued.cancelled()
+            s = engine.stats()
+            assert s["cancelled"] == 2 and s["succeeded"] == 0
+            # wait_for cancels the operation on timeout
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(q.asubmit(lambda: 3), timeout=0.05)
+            await q.wait(timeout=TIMEOUT)
+            assert engine.stats()["cancelled"] == 3
+    run(main)
+
+
+def test_async_wait_and_timeout() -> None:
+    async def main() -> None:
+        async with fetchq.AsyncEngine(workers=2) as engine:
+            q = engine.queue("w")
+            q.suspend()
+            futs = [q.submit(lambda i=i: i) for i in range(5)]
+            with pytest.raises(fetchq.Timeout):
+                await q.wait(timeout=0.05)
+            with pytest.raises(fetchq.Timeout):
+                await engine.wait_idle(timeout=0.05)
+            q.resume()
+            await q.wait(timeout=TIMEOUT)
+            await engine.wait_idle(timeout=TIMEOUT)
+            assert [f.result() for f in futs] == list(range(5))
+    run(main)
+
+
+def test_aclose_with_pending_work_resolves_everything() -> None:
+    async def main() -> None:
+        engine = fetchq.AsyncEngine(workers=2)
+        q = engine.queue("p", max_concurrent=1)
+        q.suspend()
+        futs = [q.submit(lambda: 1) for _ in range(100)]
+        await engine.aclose()
+        assert engine.closed and all(f.cancelled() for f in futs)
+        with pytest.raises(fetchq.ShutdownError):
+            q.submit(lambda: 1)
+        # sync close resolves too (callbacks delivered on this thread by fq_engine_free)
+        engine2 = fetchq.AsyncEngine(workers=2)
+        q2 = engine2.queue("p", max_concurrent=1)
+        q2.suspend()
+        futs2 = [q2.submit(lambda: 1) for _ in range(10)]
+        engine2.close()
+        assert all(f.cancelled() for f in futs2)
+        assert engine._core.violations == [] and engine2._core.violations == []
+        # closing twice never touches a reader another engine registered since
+        engine3 = fetchq.AsyncEngine(workers=1)
+        await engine.aclose()
+        engine2.close()
+        assert await engine3.queue("q").asubmit(lambda: 3) == 3
+        await engine3.aclose()
+    run(main)
+
+
+def test_random_cancels_asyncio_exactly_once() -> None:
+    async def main() -> None:
+        rng = random.Random(99)
+        async with fetchq.AsyncEngine(workers=4, history=20000) as engine:
+            qs = [engine.queue("r%d" % i, max_concurrent=rng.choice([1, 4])) for i in range(3)]
+            counts: Dict[int, int] = {}
+            futs = []
+            for i in range(5000):
+                f = qs[i % 3].submit(lambda i=i: i)
+                f.add_done_callback(lambda f: counts.__setitem__(id(f), counts.get(id(f), 0) + 1))
+                futs.append(f)
+                if rng.random() < 0.3:
+                    futs[rng.randrange(len(futs))].cancel()
+                if i % 500 == 0:
+                    await asyncio.sleep(0)
+            await asyncio.wait(futs, timeout=60)
+            await asyncio.sleep(0)   # done callbacks are scheduled with call_soon
+            assert all(f.done() for f in futs)
+            assert len(counts) == 5000 and set(counts.values()) == {1}
+            for i, f in enumerate(futs):
+                if not f.cancelled():
+                    assert f.result() == i
+            s = engine.stats()
+            assert s["succeeded"] + s["cancelled"] == 5000 and s["undelivered"] == 0
+            assert engine.pending_count == 0
+    run(main)
+
+
+@needs_network
+def test_arequest_asearch_and_progress_on_the_loop(server: Server) -> None:
+    async def main() -> None:
+        loop_thread = threading.get_ident()
+        async with fetchq.AsyncEngine(workers=2, search=search_config(server)) as engine:
+            q = engine.queue("net", max_concurrent=4)
+            r = await q.arequest("POST", server.url("/echo"), json={"a": 1})
+            assert r.status == 200 and r.json()["body"] == '{"a":1}'
+            events: List[int] = []
+            r = await q.arequest("GET", server.url("/drip?bytes=3000&chunk=1000&interval_ms=20"),
+                                 progress=lambda a, b: events.append(threading.get_ident()),
+                                 progress_interval_ms=1)
+            assert len(r.body) == 3000 and events and set(events) == {loop_thread}
+            tags = ["swift", "go", "rust"]
+            results = await asyncio.gather(*(q.asearch(t) for t in tags))
+            for tag, res in zip(tags, results):
+                assert res["query"] == tag
+                assert res["count"] == len(server.get_json("/corpus?tag=" + tag)["results"])
+            kids: List[int] = []
+            merged = await q.asearch_all(tags, on_child=lambda c: kids.append(threading.get_ident()))
+            assert merged["count"] <= sum(r["count"] for r in results)
+            assert kids == [loop_thread] * 3
+            with pytest.raises(fetchq.HTTPError) as info:
+                await q.arequest("GET", server.url("/status/404"))
+            assert info.value.status == 404
+    run(main)
+
+
+@needs_network
+def test_cancelling_a_task_aborts_the_request(server: Server) -> None:
+    async def main() -> None:
+        server.reset()
+        async with fetchq.AsyncEngine(workers=2) as engine:
+            q = engine.queue("stall")
+            tasks = [asyncio.ensure_future(q.arequest("GET", server.url("/stall?i=%d" % i)))
+                     for i in range(3)]
+            deadline = time.monotonic() + TIMEOUT
+            while server.stats()["in_flight"] < 3:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.01)
+            for t in tasks:
+                t.cancel()
+            done = await asyncio.gather(*tasks, return_exceptions=True)
+            assert all(isinstance(d, asyncio.CancelledError) for d in done)
+            while server.stats()["in_flight"] != 0:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.01)
+            # gather() cancelled as a whole cancels its children
+            group = asyncio.gather(*(q.arequest("GET", server.url("/stall?g=%d" % i)) for i in range(2)))
+            await asyncio.sleep(0.1)
+            group.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await group
+            await q.wait(timeout=TIMEOUT)
+            assert engine.stats()["cancelled"] == 5
+    run(main)

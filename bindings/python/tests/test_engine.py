@@ -1,0 +1,277 @@
+"""Engines and queues: config, close, stats, suspend/resume, wait, limits,
+priorities, dependencies and the errors of synchronous calls."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import threading
+import time
+from typing import Any, List
+
+import pytest
+
+import fetchq
+
+from conftest import TIMEOUT
+
+
+def test_config_errors_are_invalid_argument_with_message() -> None:
+    with pytest.raises(fetchq.InvalidArgument, match="bogus"):
+        fetchq.Engine(bogus=1)
+    with pytest.raises(fetchq.InvalidArgument, match="workers"):
+        fetchq.Engine(workers="many")
+    with pytest.raises(fetchq.InvalidArgument):
+        fetchq.Engine(delivery="poll")          # thread engine only
+    with pytest.raises(TypeError):
+        fetchq.Engine(workers=object())         # not JSON at all
+
+
+def test_context_manager_closes_and_use_after_close_raises() -> None:
+    with fetchq.Engine(workers=2) as e:
+        q = e.queue("q")
+        assert q.submit(lambda: 1).result(timeout=TIMEOUT) == 1
+        assert not e.closed
+    assert e.closed
+    with pytest.raises(fetchq.ShutdownError):
+        q.submit(lambda: 1)
+    with pytest.raises(fetchq.ShutdownError):
+        e.stats()
+    e.close()  # idempotent
+
+
+def test_queue_by_name_is_the_same_object_and_names_are_unique(engine: fetchq.Engine) -> None:
+    a = engine.queue("same", max_concurrent=2)
+    assert engine.queue("same") is a
+    assert engine.queue("same", max_concurrent=5) is a and a.max_concurrent == 5
+    assert engine.stats()["queues"]["same"]["max_concurrent"] == 5
+    with pytest.raises(fetchq.InvalidArgument):
+        engine.queue("bad", max_concurrent=0)
+
+
+def test_stats_counts(engine: fetchq.Engine) -> None:
+    q = engine.queue("s", max_concurrent=2)
+    futs = [q.submit(lambda i=i: i) for i in range(10)]
+    bad = q.submit(lambda: 1 / 0)
+    assert [f.result(timeout=TIMEOUT) for f in futs] == list(range(10))
+    with pytest.raises(fetchq.OperationError):
+        bad.result(timeout=TIMEOUT)
+    engine.wait_idle(timeout=TIMEOUT)
+    s = engine.stats()
+    assert (s["submitted"], s["succeeded"], s["failed"], s["cancelled"]) == (11, 10, 1, 0)
+    assert (s["queued"], s["running"], s["undelivered"]) == (0, 0, 0)
+    assert s["queues"]["s"]["submitted"] == 11
+    assert engine.pending_count == 0
+
+
+def test_suspend_resume(engine: fetchq.Engine) -> None:
+    q = engine.queue("sr", max_concurrent=2)
+    q.suspend()
+    assert q.suspended
+    futs = [q.submit(lambda i=i: i * 2) for i in range(5)]
+    s = engine.stats()["queues"]["sr"]
+    assert s["suspended"] is True and s["queued"] == 5 and s["running"] == 0
+    assert not any(f.done() for f in futs)
+    with pytest.raises(fetchq.Timeout):
+        q.wait(timeout=0.05)
+    q.resume()
+    assert not q.suspended
+    q.wait(timeout=TIMEOUT)
+    assert [f.result(timeout=0) for f in futs] == [0, 2, 4, 6, 8]
+
+
+def test_wait_times_out_while_a_body_runs_then_returns(engine: fetchq.Engine) -> None:
+    q = engine.queue("w")
+    gate = threading.Event()
+    f = q.submit(lambda: gate.wait(TIMEOUT))
+    with pytest.raises(fetchq.Timeout):
+        q.wait(timeout=0.05)
+    with pytest.raises(fetchq.Timeout):
+        engine.wait_idle(timeout=0.05)
+    gate.set()
+    q.wait(timeout=TIMEOUT)
+    assert f.result(timeout=0) is True
+
+
+def test_max_concurrent_is_enforced_and_can_grow() -> None:
+    with fetchq.Engine(workers=4) as e:
+        q = e.queue("mc", max_concurrent=1)
+        lock = threading.Lock()
+        running: List[int] = [0, 0]   # now, max
+
+        def body() -> None:
+            with lock:
+                running[0] += 1
+                running[1] = max(running[1], running[0])
+            time.sleep(0.01)
+            with lock:
+                running[0] -= 1
+
+        futs = [q.submit(body) for _ in range(8)]
+        cf.wait(futs, timeout=TIMEOUT)
+        assert running[1] == 1
+        # Three bodies that each wait for the other two: only possible with 3 slots.
+        q.set_max_concurrent(3)
+        barrier = threading.Barrier(3, timeout=TIMEOUT)
+        futs = [q.submit(lambda: barrier.wait() >= 0) for _ in range(3)]
+        assert [f.result(timeout=TIMEOUT) for f in futs] == [True] * 3
+
+
+def test_priorities_order_a_suspended_queue(engine: fetchq.Engine) -> None:
+    q = engine.queue("prio", max_concurrent=1)
+    order: List[str] = []
+    q.suspend()
+    futs = [q.submit(order.append, "low", priority="low"),
+            q.submit(order.append, "normal"),
+            q.submit(order.append, "very-high", priority=8)]
+    later = q.submit(order.append, "raised")
+    engine.set_priority(later, "high")
+    q.resume()
+    cf.wait(futs + [later], timeout=TIMEOUT)
+    assert order == ["very-high", "raised", "normal", "low"]
+    with pytest.raises(fetchq.InvalidArgument):
+        engine.set_priority(later, "urgent")
+
+
+def test_set_priority_after_start_is_state_error_or_not_found(engine: fetchq.Engine) -> None:
+    q = engine.queue("p2")
+    gate = threading.Event()
+    started = threading.Event()
+    f = q.submit(lambda: (started.set(), gate.wait(TIMEOUT))[1])
+    assert started.wait(TIMEOUT)
+    with pytest.raises(fetchq.StateError):
+        engine.set_priority(f, 4)
+    gate.set()
+    f.result(timeout=TIMEOUT)
+    with pytest.raises((fetchq.NotFound, fetchq.StateError)):
+        engine.set_priority(f, 4)
+
+
+def test_add_dependency_and_cycles(engine: fetchq.Engine) -> None:
+    q = engine.queue("dep", max_concurrent=4)
+    q.suspend()
+    order: List[str] = []
+    a = q.submit(order.append, "a")
+    b = q.submit(order.append, "b")
+    engine.add_dependency(a, b)        # a waits for b
+    with pytest.raises(fetchq.CycleError):
+        engine.add_dependency(b, a)
+    with pytest.raises(fetchq.CycleError):
+        engine.add_dependency(a, a)
+    with pytest.raises(fetchq.NotFound):
+        engine.add_dependency(a, 10**12)
+    q.resume()
+    cf.wait([a, b], timeout=TIMEOUT)
+    assert order == ["b", "a"]
+
+
+def test_unknown_ids(engine: fetchq.Engine) -> None:
+    q = engine.queue("ids")
+    with pytest.raises(fetchq.NotFound):
+        q.submit(lambda: 1, depends_on=[10**12])
+    assert engine.cancel(10**12) is False
+    assert engine.pending_count == 0   # the failed submit left nothing behind
+    with pytest.raises(TypeError):
+        q.submit(lambda: 1, depends_on=["x"])
+
+
+def test_futures_of_another_engine_are_rejected(engine: fetchq.Engine) -> None:
+    with fetchq.Engine(workers=1) as other:
+        f = other.queue("o").submit(lambda: 1)
+        f.result(timeout=TIMEOUT)
+        with pytest.raises(fetchq.InvalidArgument, match="another engine"):
+            engine.queue("x").submit(lambda: 2, depends_on=f)
+
+
+def test_bad_options_are_invalid_argument(engine: fetchq.Engine) -> None:
+    q = engine.queue("opts")
+    with pytest.raises(fetchq.InvalidArgument, match="nonsense"):
+        q.submit(lambda: 1, nonsense=True)
+    with pytest.raises(fetchq.InvalidArgument):
+        q.submit(lambda: 1, priority=3)
+    with pytest.raises(TypeError):
+        q.submit(lambda: 1, group=object())
+    assert engine.pending_count == 0
+
+
+def test_queue_close_cancels_its_queued_operations(engine: fetchq.Engine) -> None:
+    q = engine.queue("closing", max_concurrent=1)
+    q.suspend()
+    futs = [q.submit(lambda: 1) for _ in range(5)]
+    q.close()
+    done, not_done = cf.wait(futs, timeout=TIMEOUT)
+    assert not not_done and all(f.cancelled() for f in futs)
+    with pytest.raises(fetchq.StateError):
+        q.submit(lambda: 1)
+    # the name is free again
+    assert engine.queue("closing").submit(lambda: 7).result(timeout=TIMEOUT) == 7
+
+
+def test_wait_from_a_callback_is_state_error(engine: fetchq.Engine) -> None:
+    q = engine.queue("cbwait")
+    seen: List[Any] = []
+    done = threading.Event()
+
+    def cb(_: Any) -> None:
+        for call in (lambda: q.wait(timeout=1), lambda: engine.wait_idle(timeout=1), engine.close):
+            try:
+                call()
+                seen.append(None)
+            except Exception as exc:  # noqa: BLE001
+                seen.append(type(exc))
+        done.set()
+
+    q.suspend()                        # so cb runs on the delivery thread
+    q.submit(lambda: 1).add_done_callback(cb)
+    q.resume()
+    assert done.wait(TIMEOUT)
+    assert seen == [fetchq.StateError, fetchq.StateError, fetchq.StateError]
+    assert not engine.closed
+
+
+def test_callbacks_may_submit_more_work(engine: fetchq.Engine) -> None:
+    q = engine.queue("chain", max_concurrent=2)
+    out: "cf.Future[int]" = cf.Future()
+
+    def step(n: int) -> None:
+        def on_done(f: Any) -> None:
+            if n == 0:
+                out.set_result(f.result())
+            else:
+                step(n - 1)
+        q.submit(lambda: n).add_done_callback(on_done)
+
+    step(50)
+    assert out.result(timeout=TIMEOUT) == 0
+
+
+def test_cancel_group_and_cancel_all(engine: fetchq.Engine) -> None:
+    q = engine.queue("groups", max_concurrent=1)
+    q.suspend()
+    red = [q.submit(lambda: "r", group="red") for _ in range(3)]
+    blue = [q.submit(lambda: "b", group="blue") for _ in range(2)]
+    plain = [q.submit(lambda: "p") for _ in range(2)]
+    assert engine.cancel_group("red") == 3
+    assert engine.cancel_group("nobody") == 0
+    cf.wait(red, timeout=TIMEOUT)
+    assert all(f.cancelled() for f in red)
+    assert not any(f.done() for f in blue + plain)
+    assert q.cancel_all() == 4
+    cf.wait(blue + plain, timeout=TIMEOUT)
+    assert all(f.cancelled() for f in blue + plain)
+    q.resume()
+    more = [q.submit(lambda: 1) for _ in range(2)]
+    cf.wait(more, timeout=TIMEOUT)
+    q.suspend()
+    late = [q.submit(lambda: 2) for _ in range(3)]
+    assert engine.cancel_all() == 3
+    cf.wait(late, timeout=TIMEOUT)
+    assert [f.result() for f in more] == [1, 1] and all(f.cancelled() for f in late)
+
+
+def test_queue_timeout(engine: fetchq.Engine) -> None:
+    q = engine.queue("qt", max_concurrent=1)
+    q.suspend()
+    f = q.submit(lambda: 1, max_wait_ms=20)
+    with pytest.raises(fetchq.QueueTimeout):
+        f.result(timeout=TIMEOUT)
+    assert isinstance(f.exception(), fetchq.Timeout)

@@ -1,0 +1,452 @@
+"""Requests, searches and search-all against the shared test server:
+responses, every network error class, progress, in-flight cancellation."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import gzip
+import json
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from typing import Any, Dict, List, Tuple
+
+import pytest
+
+import fetchq
+
+from conftest import TIMEOUT, Server, needs_network, start_server, stop_server
+
+pytestmark = needs_network
+
+METRIC_KEYS = {"queue_wait_ms", "connect_ms", "first_byte_ms", "total_ms", "bytes",
+               "redirects", "attempts", "http_version", "reused_connection"}
+
+
+def wait_until(pred: Any, what: str, timeout: float = TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out waiting for " + what)
+        time.sleep(0.01)
+
+
+# -- requests ----------------------------------------------------------------
+
+def test_get_json_response(net_engine: fetchq.Engine, server: Server) -> None:
+    r = net_engine.queue("n").get(server.url("/json?size=500")).result(timeout=TIMEOUT)
+    assert isinstance(r, fetchq.Response)
+    assert r.status == 200 and r.ok
+    assert r.headers["content-type"] == "application/json"
+    assert r.headers["content-length"] == str(len(r.body))
+    assert r.parsed and r.json() == json.loads(r.body)
+    assert r.json()["items"][0] == {"id": 0, "name": "item-000000", "value": 0, "ok": False}
+    assert set(r.metrics) >= METRIC_KEYS and r.metrics["bytes"] == len(r.body)
+    assert r.text == r.body.decode()
+    assert r.op_id > 0
+
+
+def test_request_with_params_headers_and_json(net_engine: fetchq.Engine, server: Server) -> None:
+    q = net_engine.queue("n")
+    r = q.request("POST", server.url("/echo"), headers={"X-Token": "t 1"},
+                  params={"a": 1, "b": "x y&z", "c": True},
+                  json={"k": [1, 2.5, None], "s": "ü"}).result(timeout=TIMEOUT)
+    echo = r.json()
+    assert echo["method"] == "POST"
+    assert echo["query"] == {"a": "1", "b": "x y&z", "c": "true"}
+    assert echo["headers"]["x-token"] == "t 1"
+    assert echo["headers"]["content-type"] == "application/json"
+    assert json.loads(echo["body"]) == {"k": [1, 2.5, None], "s": "ü"}
+
+
+def test_json_string_body_is_sent_as_json(net_engine: fetchq.Engine, server: Server) -> None:
+    echo = net_engine.queue("n").request("POST", server.url("/echo"), json="hi").result(
+        timeout=TIMEOUT).json()
+    assert echo["body"] == '"hi"' and echo["headers"]["content-type"] == "application/json"
+
+
+def test_data_str_and_bytes_are_sent_as_is(net_engine: fetchq.Engine, server: Server) -> None:
+    q = net_engine.queue("n")
+    echo = q.request("PUT", server.url("/echo"), data="plain text ü",
+                     headers={"Content-Type": "text/plain"}).result(timeout=TIMEOUT).json()
+    assert echo["body"] == "plain text ü" and echo["headers"]["content-type"] == "text/plain"
+    assert echo["headers"]["content-length"] == str(len("plain text ü".encode()))
+    echo = q.request("PUT", server.url("/echo"), data=b"a\x00b\xc3\xa9").result(timeout=TIMEOUT).json()
+    assert echo["body"] == "a\x00bé" and echo["headers"]["content-length"] == "5"
+
+
+def test_non_utf8_bytes_are_a_type_error(net_engine: fetchq.Engine, server: Server) -> None:
+    q = net_engine.queue("n")
+    with pytest.raises(TypeError, match="UTF-8"):
+        q.request("POST", server.url("/echo"), data=b"\xff\xfe")
+    with pytest.raises(TypeError):
+        q.request("POST", server.url("/echo"), data=b"x", json={"a": 1})
+    with pytest.raises(TypeError):
+        q.request("POST", server.url("/echo"), data=123)  # type: ignore[arg-type]
+    assert net_engine.pending_count == 0
+
+
+def test_custom_method_and_head(net_engine: fetchq.Engine, server: Server) -> None:
+    q = net_engine.queue("n")
+    assert q.request("PURGE", server.url("/echo")).result(timeout=TIMEOUT).json()["method"] == "PURGE"
+    head = q.request("HEAD", server.url("/json?size=100")).result(timeout=TIMEOUT)
+    assert head.status == 200 and head.body == b"" and int(head.headers["content-length"]) > 0
+
+
+def test_parse_none_and_octet_stream(net_engine: fetchq.Engine, server: Server) -> None:
+    q = net_engine.queue("n")
+    r = q.get(server.url("/json?size=100"), parse="none").result(timeout=TIMEOUT)
+    assert not r.parsed and r.json()["items"]          # json() parses the body itself
+    r = q.get(server.url("/bytes?n=1000")).result(timeout=TIMEOUT)
+    assert not r.parsed and r.body == bytes(i % 251 for i in range(1000))
+
+
+def test_gzip_is_decoded(net_engine: fetchq.Engine, server: Server) -> None:
+    r = net_engine.queue("n").get(server.url("/gzip")).result(timeout=TIMEOUT)
+    assert r.json()["gzip"] is True and len(r.json()["items"]) == 50
+    assert json.loads(r.body)["gzip"] is True
+
+
+def test_redirects_are_followed_and_counted(net_engine: fetchq.Engine, server: Server) -> None:
+    r = net_engine.queue("n").get(server.url("/redirect?n=3")).result(timeout=TIMEOUT)
+    assert r.status == 200 and r.metrics["redirects"] == 3 and "items" in r.json()
+
+
+def test_http_error_carries_status_body_and_response(net_engine: fetchq.Engine, server: Server) -> None:
+    f = net_engine.queue("n").request("DELETE", server.url("/status/503"))
+    with pytest.raises(fetchq.HTTPError) as info:
+        f.result(timeout=TIMEOUT)
+    err = info.value
+    assert err.code == -11 and err.status == 503 and json.loads(err.body) == {"status": 503}
+    assert err.headers["content-type"] == "application/json"
+    assert err.response.status == 503 and err.response.json() == {"status": 503}
+    assert "503" in str(err) and err.op_id == f.op_id  # type: ignore[attr-defined]
+
+
+def test_accept_status(net_engine: fetchq.Engine, server: Server) -> None:
+    q = net_engine.queue("n")
+    assert q.get(server.url("/status/404"), accept_status=[404]).result(timeout=TIMEOUT).status == 404
+    assert q.get(server.url("/status/418"), accept_status=["4xx"]).result(timeout=TIMEOUT).status == 418
+    with pytest.raises(fetchq.HTTPError):
+        q.get(server.url("/status/500"), accept_status=["4xx"]).result(timeout=TIMEOUT)
+
+
+def closed_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return int(port)
+
+
+@pytest.mark.parametrize("path,options,exc", [
+    ("/reset", {}, fetchq.NetworkError),
+    ("/close-mid-body?bytes=10000", {}, fetchq.NetworkError),
+    ("/stall", {"timeout_ms": 200}, fetchq.Timeout),
+    ("/redirect-loop", {}, fetchq.RedirectError),
+    ("/redirect?n=3", {"max_redirects": 2}, fetchq.RedirectError),
+    ("/bytes?n=100000", {"max_response_bytes": 1000}, fetchq.TooLarge),
+    ("/search?q=__bad", {}, fetchq.ParseError),
+    ("/json?size=100", {"parse": "json", "max_json_depth": 2}, fetchq.ParseError),
+    ("/invalid-utf8", {"parse": "json"}, fetchq.ParseError),
+])
+def test_network_errors_map_to_exceptions(net_engine: fetchq.Engine, server: Server, path: str,
+                                          options: Dict[str, Any], exc: type) -> None:
+    f = net_engine.queue("errs", max_concurrent=8).get(server.url(path), **options)
+    with pytest.raises(exc) as info:
+        f.result(timeout=TIMEOUT)
+    assert type(info.value) is exc and info.value.message
+
+
+def test_connection_refused_is_network_error(net_engine: fetchq.Engine) -> None:
+    f = net_engine.queue("n").get("http://127.0.0.1:%d/" % closed_port())
+    with pytest.raises(fetchq.NetworkError):
+        f.result(timeout=TIMEOUT)
+
+
+def test_invalid_requests_fail_at_submit(net_engine: fetchq.Engine) -> None:
+    q = net_engine.queue("n")
+    with pytest.raises(fetchq.InvalidArgument, match="ftp"):
+        q.get("ftp://example.com/")
+    with pytest.raises(fetchq.InvalidArgument):
+        q.get("http://127.0.0.1/", headers={"X": "a\r\nb"})
+    with pytest.raises(fetchq.InvalidArgument):
+        q.request("NOT A TOKEN", "http://127.0.0.1/")
+    with pytest.raises(fetchq.InvalidArgument, match="parse"):
+        q.get("http://127.0.0.1/", parse="yaml")
+    assert net_engine.pending_count == 0
+
+
+@pytest.fixture(scope="module")
+def tls_server(tmp_path_factory: Any) -> Any:
+    if not shutil.which("openssl"):
+        pytest.fail("openssl not found: install the openssl package (CI does)")
+    d = tmp_path_factory.mktemp("tls")
+    cert, key = str(d / "cert.pem"), str(d / "key.pem")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
+                    "-keyout", key, "-out", cert], check=True, capture_output=True, timeout=60)
+    srv = start_server("--tls-cert", cert, "--tls-key", key)
+    yield srv, cert
+    stop_server(srv.proc)
+
+
+def test_tls_verification(net_engine: fetchq.Engine, tls_server: Tuple[Server, str]) -> None:
+    srv, cert = tls_server
+    q = net_engine.queue("tls")
+    with pytest.raises(fetchq.TLSError):
+        q.get(srv.url("/json?size=10")).result(timeout=TIMEOUT)
+    r = q.get(srv.url("/json?size=10"), ca_file=cert).result(timeout=TIMEOUT)
+    assert r.status == 200 and "items" in r.json()
+    assert q.get(srv.url("/json?size=10"), verify_tls=False).result(timeout=TIMEOUT).status == 200
+
+
+# -- progress -----------------------------------------------------------------
+
+def test_progress_events_precede_completion(net_engine: fetchq.Engine, server: Server) -> None:
+    events: List[Tuple[int, Any, bool, str]] = []
+    fut_box: List[Any] = []
+
+    def progress(received: int, expected: Any) -> None:
+        events.append((received, expected, fut_box[0].done() if fut_box else False,
+                       threading.current_thread().name))
+
+    f = net_engine.queue("p").get(server.url("/drip?bytes=4000&chunk=1000&interval_ms=30"),
+                                  progress=progress, progress_interval_ms=1)
+    fut_box.append(f)
+    r = f.result(timeout=TIMEOUT)
+    assert len(r.body) == 4000
+    assert len(events) >= 2
+    received = [e[0] for e in events]
+    assert received == sorted(received) and received[-1] == 4000
+    assert all(e[1] == 4000 for e in events)
+    assert not any(e[2] for e in events)          # all before the future resolved
+    assert all(e[3] != threading.current_thread().name for e in events)
+    assert net_engine._core.by_op == {}           # registry cleaned
+
+
+def test_progress_unknown_length_is_none(net_engine: fetchq.Engine, server: Server) -> None:
+    events: List[Tuple[int, Any]] = []
+    r = net_engine.queue("p").get(server.url("/bytes?n=300000&chunked=1"),
+                                  progress=lambda a, b: events.append((a, b))).result(timeout=TIMEOUT)
+    assert len(r.body) == 300000
+    # events are throttled (progress_interval_ms, default 100): the last one
+    # need not report the total
+    received = [e[0] for e in events]
+    assert events and received == sorted(received) and received[-1] <= 300000
+    assert all(e[1] is None for e in events)
+
+
+def test_progress_must_be_callable(net_engine: fetchq.Engine, server: Server) -> None:
+    with pytest.raises(TypeError):
+        net_engine.queue("p").get(server.url("/json"), progress=True)  # type: ignore[arg-type]
+
+
+def test_progress_callback_exception_is_logged_not_fatal(net_engine: fetchq.Engine, server: Server,
+                                                         caplog: Any) -> None:
+    def bad(a: int, b: Any) -> None:
+        raise RuntimeError("progress boom")
+
+    r = net_engine.queue("p").get(server.url("/drip?bytes=2000&chunk=1000&interval_ms=20"),
+                                  progress=bad).result(timeout=TIMEOUT)
+    assert len(r.body) == 2000
+    assert "progress boom" in caplog.text
+
+
+# -- cancellation in flight ---------------------------------------------------
+
+def test_cancel_in_flight_request(net_engine: fetchq.Engine, server: Server) -> None:
+    server.reset()
+    q = net_engine.queue("stall", max_concurrent=4)
+    futs = [q.get(server.url("/stall?i=%d" % i)) for i in range(3)]   # distinct: not coalesced
+    wait_until(lambda: server.stats()["in_flight"] >= 3, "3 stalled requests")
+    assert all(f.cancel() for f in futs)
+    done, not_done = cf.wait(futs, timeout=TIMEOUT)
+    assert not not_done and all(f.cancelled() for f in futs)
+    wait_until(lambda: server.stats()["in_flight"] == 0, "the server to see the requests go")
+
+
+
+@pytest.mark.parametrize("coalesce", [
+    None,
+    False,
+])
+def test_cancel_group_of_requests(net_engine: fetchq.Engine, server: Server, coalesce: Any) -> None:
+    q = net_engine.queue("grp-%s" % coalesce, max_concurrent=2)     # 2 running, 3 queued
+    extra = {} if coalesce is None else {"coalesce": coalesce}
+    futs = [q.get(server.url("/delay?ms=30000&i=%d" % i), group="slow", **extra) for i in range(5)]
+    other = net_engine.queue("grp-other")
+    fast = other.get(server.url("/json?size=10"), group="fast")
+    assert fast.result(timeout=TIMEOUT).status == 200
+    wait_until(lambda: net_engine.stats()["queues"][q.name]["running"] == 2, "2 running")
+    try:
+        assert net_engine.cancel_group("slow") == 5
+        cf.wait(futs, timeout=TIMEOUT)
+        assert all(f.cancelled() for f in futs)
+    finally:
+        q.cancel_all()
+
+
+def test_queue_limit_seen_from_the_server(net_engine: fetchq.Engine, server: Server) -> None:
+    server.reset()
+    q = net_engine.queue("limit", max_concurrent=3)
+    futs = [q.get(server.url("/delay?ms=100&i=%d" % i)) for i in range(9)]
+    assert all(f.result(timeout=TIMEOUT).status == 200 for f in futs)
+    assert 1 <= server.stats()["max_in_flight"] <= 3
+
+
+def test_identical_gets_are_coalesced(net_engine: fetchq.Engine, server: Server) -> None:
+    server.reset()
+    q = net_engine.queue("coalesce", max_concurrent=8)
+    url = server.url("/delay?ms=300&key=coalesce")
+    futs = [q.get(url) for _ in range(5)]
+    assert futs[0].cancel()                       # detaches only that caller
+    rs = [f.result(timeout=TIMEOUT) for f in futs[1:]]
+    assert futs[0].cancelled()
+    assert len({f.op_id for f in futs}) == 5
+    assert all(r.status == 200 and r.json() == {"delayed": 300} for r in rs)
+    assert server.stats()["by_path"].get("/delay") == 1
+    server.reset()
+    own = [q.get(url, coalesce=False) for _ in range(2)]
+    assert all(f.result(timeout=TIMEOUT).status == 200 for f in own)
+    assert server.stats()["by_path"].get("/delay") == 2
+
+
+def test_retry(net_engine: fetchq.Engine, server: Server) -> None:
+    q = net_engine.queue("retry")
+    r = q.get(server.url("/flaky?key=py-retry-1&fail=2"),
+              retry={"max": 3, "base": 0.01}).result(timeout=TIMEOUT)
+    assert r.status == 200 and r.json() == {"attempt": 3} and r.metrics["attempts"] == 3
+    with pytest.raises(fetchq.HTTPError) as info:
+        q.get(server.url("/flaky?key=py-retry-2&fail=5"),
+              retry={"max": 1, "base": 0.01}).result(timeout=TIMEOUT)
+    assert info.value.status == 503 and info.value.response.metrics["attempts"] == 2
+
+
+def test_request_result_flows_into_a_python_body(net_engine: fetchq.Engine, server: Server) -> None:
+    q = net_engine.queue("flow")
+    fetch = q.get(server.url("/json?size=300"))
+
+    def count(op: fetchq.Op) -> Any:
+        whole = op.dependency(fetch)
+        assert whole is not None
+        return [len(op.dependency_result(fetch)["items"]), whole.http_status,
+                whole.headers["content-type"], len(whole.body) > 0]
+
+    n, status, ctype, has_body = q.submit(count, pass_op=True, depends_on=fetch).result(timeout=TIMEOUT)
+    assert n == len(fetch.result().json()["items"]) and status == 200
+    assert ctype == "application/json" and has_body
+
+
+def test_failed_request_fails_its_dependents(net_engine: fetchq.Engine, server: Server) -> None:
+    q = net_engine.queue("flow")
+    bad = q.get(server.url("/status/500"))
+    after = q.submit(lambda: 1, depends_on=bad)
+    with pytest.raises(fetchq.DependencyError):
+        after.result(timeout=TIMEOUT)
+
+
+# -- search ---------------------------------------------------------------------
+
+def expected_items(server: Server, tag: str, order: str = "desc") -> List[Dict[str, Any]]:
+    items = server.get_json("/corpus?tag=" + tag)["results"]
+    return sorted(items, key=lambda i: i["created_at"], reverse=(order == "desc"))
+
+
+def test_search(net_engine: fetchq.Engine, server: Server) -> None:
+    res = net_engine.queue("s").search("swift").result(timeout=TIMEOUT)
+    want = expected_items(server, "swift")
+    assert res["query"] == "swift" and res["count"] == len(want) > 0
+    assert res["items"] == want
+
+
+def test_search_options_override_config(net_engine: fetchq.Engine, server: Server) -> None:
+    res = net_engine.queue("s").search("go", order="asc").result(timeout=TIMEOUT)
+    assert res["items"] == expected_items(server, "go", "asc")
+    res = net_engine.queue("s").search("go", url=server.url("/search?q={query}&rpp=2")).result(timeout=TIMEOUT)
+    assert res["count"] == 2
+
+
+def test_search_query_is_percent_encoded(net_engine: fetchq.Engine, server: Server) -> None:
+    server.reset()
+    res = net_engine.queue("s").search("a b&c=ü#").result(timeout=TIMEOUT)
+    assert res["query"] == "a b&c=ü#" and res["count"] == 0
+    assert "q=a%20b%26c%3D%C3%BC%23" in server.stats()["arrivals"][-1]
+
+
+def test_search_errors(net_engine: fetchq.Engine) -> None:
+    q = net_engine.queue("s")
+    with pytest.raises(fetchq.HTTPError) as info:
+        q.search("__fail").result(timeout=TIMEOUT)
+    assert info.value.status == 500 and json.loads(info.value.body) == {"error": "injected failure"}
+    with pytest.raises(fetchq.ParseError):
+        q.search("__notarray").result(timeout=TIMEOUT)
+    with pytest.raises(fetchq.ParseError):
+        q.search("__bad").result(timeout=TIMEOUT)
+
+
+def test_search_without_endpoint_is_invalid() -> None:
+    with fetchq.Engine(workers=1) as e:
+        with pytest.raises(fetchq.InvalidArgument, match="search"):
+            e.queue("s").search("x")
+
+
+def test_search_all_merges_dedupes_and_sorts(net_engine: fetchq.Engine, server: Server) -> None:
+    children: List[Tuple[str, str, bool]] = []
+    fut_box: List[Any] = []
+    tags = ["swift", "c", "python", "swift"]
+    f = net_engine.queue("sa", max_concurrent=2).search_all(
+        tags, on_child=lambda r: children.append((r.query, r.outcome, bool(fut_box) and fut_box[0].done())))
+    fut_box.append(f)
+    res = f.result(timeout=TIMEOUT)
+    merged: Dict[str, Dict[str, Any]] = {}
+    for tag in ["swift", "c", "python"]:
+        for item in server.get_json("/corpus?tag=" + tag)["results"]:
+            merged.setdefault(item["id"], item)
+    want = sorted(merged.values(), key=lambda i: i["created_at"], reverse=True)
+    assert res["items"] == want and res["count"] == len(want)
+    assert set(res["queries"]) == {"swift", "c", "python"}
+    assert res["queries"]["c"] == {"count": len(server.get_json("/corpus?tag=c")["results"])}
+    assert sorted(c[0] for c in children) == ["c", "python", "swift"]
+    assert all(c[1] == "succeeded" and c[2] is False for c in children)
+
+
+def test_search_all_partial_and_fail_fast(net_engine: fetchq.Engine) -> None:
+    q = net_engine.queue("sa")
+    res = q.search_all(["go", "__fail"]).result(timeout=TIMEOUT)
+    assert res["queries"]["__fail"]["status"] == -11 and res["queries"]["__fail"]["http_status"] == 500
+    assert res["queries"]["go"]["count"] == res["count"] > 0
+    with pytest.raises(fetchq.HTTPError):
+        q.search_all(["go", "__fail"], fail_fast=True).result(timeout=TIMEOUT)
+    with pytest.raises(TypeError):
+        q.search_all("swift")
+
+
+def test_search_all_cancel_cancels_children(net_engine: fetchq.Engine, server: Server) -> None:
+    q = net_engine.queue("sa-cancel", max_concurrent=2)
+    f = q.search_all(["a", "b", "c"], url=server.url("/delay?ms=30000&q={query}"))
+    wait_until(lambda: net_engine.stats()["queues"]["sa-cancel"]["running"] >= 1, "children to start")
+    assert f.cancel()
+    cf.wait([f], timeout=TIMEOUT)
+    assert f.cancelled()
+    net_engine.queue("sa-cancel").wait(timeout=TIMEOUT)
+    s = net_engine.stats()["queues"]["sa-cancel"]
+    assert s["running"] == 0 and s["queued"] == 0 and s["cancelled"] == 4
+
+
+def test_gzip_body_matches_server_bytes(net_engine: fetchq.Engine, server: Server) -> None:
+    import urllib.request
+    with urllib.request.urlopen(server.url("/gzip"), timeout=TIMEOUT) as raw:
+        want = gzip.decompress(raw.read())
+    assert net_engine.queue("n").get(server.url("/gzip")).result(timeout=TIMEOUT).body == want
+
+
+def test_many_requests_keep_alive(net_engine: fetchq.Engine, server: Server) -> None:
+    server.reset()
+    q = net_engine.queue("many", max_concurrent=6)
+    futs = [q.get(server.url("/json?size=50"), params={"i": i}) for i in range(300)]
+    assert all(f.result(timeout=60).status == 200 for f in futs)
+    st = server.stats()
+    assert st["requests"] == 300 and st["connections_total"] <= 12

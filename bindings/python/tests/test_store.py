@@ -1,0 +1,82 @@
+"""The item store: the Store class and the search option "store"."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, List
+
+import pytest
+
+import fetchq
+
+from conftest import TIMEOUT, Server, has_function
+
+# The library must have the item store (a missing function fails, never skips).
+
+
+def test_upsert_items_get_count(tmp_path: Any) -> None:
+    with fetchq.Store(tmp_path / "items.db") as s:
+        assert s.count("posts") == 0 and s.items("posts") == []
+        rep = s.upsert("posts", [{"id": "b", "v": 2}, {"id": "a", "v": 1}, {"id": 7, "v": 3}, {"v": 0}])
+        assert rep == {"inserted": 3, "updated": 0, "unchanged": 0, "skipped": 1}
+        assert s.count("posts") == 3
+        assert s.get("posts", "a") == {"id": "a", "v": 1}
+        assert s.get("posts", "7") is None                      # 7 is a number, "7" a string
+        assert s.get("posts", "zz") is None
+        with pytest.raises(TypeError):
+            s.get("posts", 7)  # type: ignore[arg-type]
+        assert [i["v"] for i in s.items("posts", sort="/v", descending=True)] == [3, 2, 1]
+        assert s.upsert("posts", [{"id": "a", "v": 10}], merge="keep-local") == \
+            {"inserted": 0, "updated": 0, "unchanged": 1, "skipped": 0}
+        assert s.get("posts", "a") == {"id": "a", "v": 1}
+        assert s.upsert("posts", [{"id": "a", "v": 10}])["updated"] == 1
+        assert s.get("posts", "a") == {"id": "a", "v": 10}
+        assert s.upsert("posts", [{"key": "x"}], id_pointer="/key")["inserted"] == 1
+        assert s.count("other") == 0
+    assert s.closed
+    with pytest.raises(fetchq.StateError):
+        s.count("posts")
+    with fetchq.Store(tmp_path / "items.db") as again:          # persisted
+        assert again.count("posts") == 4
+
+
+def test_store_errors(tmp_path: Any) -> None:
+    with pytest.raises(fetchq.StoreError, match="nonexistent"):
+        fetchq.Store(tmp_path / "nonexistent" / "x.db")
+    with fetchq.Store(tmp_path / "e.db") as s:
+        with pytest.raises(fetchq.InvalidArgument, match="merge"):
+            s.upsert("c", [{"id": "a"}], merge="sometimes")
+        with pytest.raises(fetchq.FetchqError):
+            s.items("c", sort="no-slash")
+        with pytest.raises(fetchq.FetchqError):
+            s.upsert("c", [1, 2])                               # not objects
+        assert s.count("c") == 0                                # all or nothing
+
+
+def test_store_from_threads(tmp_path: Any) -> None:
+    with fetchq.Store(tmp_path / "t.db") as s:
+        def work(n: int) -> None:
+            for i in range(20):
+                s.upsert("c", [{"id": "%d-%d" % (n, i)}])
+        threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(TIMEOUT)
+        assert s.count("c") == 80
+
+
+def test_search_option_store(net_engine: fetchq.Engine, server: Server, tmp_path: Any) -> None:
+    path = str(tmp_path / "search.db")
+    q = net_engine.queue("st")
+    res = q.search("swift", store={"path": path, "collection": "posts"}).result(timeout=TIMEOUT)
+    n = res["count"]
+    assert res["store"] == {"inserted": n, "updated": 0, "unchanged": 0, "skipped": 0}
+    again = q.search("swift", store={"path": path, "collection": "posts"}).result(timeout=TIMEOUT)
+    assert again["store"]["unchanged"] == n
+    with fetchq.Store(path) as s:
+        assert s.count("posts") == n
+        stored: List[Any] = s.items("posts", sort="/created_at", descending=True)
+        assert stored == res["items"]
+    with pytest.raises(fetchq.InvalidArgument):
+        q.search("swift", store={"path": path})               # no collection
