@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "fetchq.h"
@@ -107,5 +108,84 @@ long long fqt_stat(fq_engine *e, const char *key, long long dflt);
 bool fqt_names_id(const char *msg, long long id);
 
 #define CHECK_OK(expr) CHECK_EQ_INT((expr), FQ_OK)
+
+/* ------------------------------------------------------------------ */
+/* The test server (Tests/support/testserver.py) and plain HTTP        */
+/* ------------------------------------------------------------------ */
+
+/* Network tests start ONE server per test, inside the test (each test runs in
+ * its own forked child, so a server never outlives or is shared between
+ * tests): fqt_server_start() spawns
+ *   python3 -B <root>/Tests/support/testserver.py --port 0 --port-file F
+ *           --parent-pid <this test's pid> --max-seconds 600 [--files DIR]
+ * (stdout on /dev/null; stderr in an unlinked file that fqt_server_stop()
+ * shows as notes only when the test has failed), waits at most 20 s (scaled)
+ * for the port file, then removes it. fqt_server_stop() ends the server by
+ * its pid: SIGTERM, a bounded wait, SIGKILL. If a test dies before stopping
+ * it (REQUIRE, timeout, crash), the server sees its --parent-pid gone and
+ * exits within 0.5 s; nothing is left on disk.
+ *
+ * The repository root is $FQ_REPO_ROOT if set, else the nearest ancestor of
+ * the harness binary (/proc/self/exe), else of the working directory, that
+ * holds Tests/support/testserver.py. */
+typedef struct fqt_server {
+    int pid;            /* the server's pid; 0 when not running */
+    int port;
+    char base[64];      /* "http://127.0.0.1:<port>" */
+    char dir[128];      /* temporary directory of the port file (while starting) */
+    int err_fd;         /* the server's stderr (an unlinked file), -1 if none */
+} fqt_server;
+
+/* The repository root (static storage); REQUIREs that it is found. */
+const char *fqt_repo_root(void);
+/* nst/JSONTestSuite's test_parsing directory: $FQ_JSONTESTSUITE if set, else
+ * <repo root>/../shared/data/JSONTestSuite/test_parsing. NULL (with a FAILF)
+ * when that is not a directory. Static storage. */
+const char *fqt_jsontestsuite_dir(void);
+
+/* Starts the server (files_dir may be NULL); REQUIREs that it comes up. */
+void fqt_server_start(fqt_server *s, const char *files_dir);
+/* Stops it; harmless when not running. */
+void fqt_server_stop(fqt_server *s);
+/* "<base><path>" into buf (static-size helper for URLs). */
+const char *fqt_url(const fqt_server *s, const char *path, char *buf, size_t len);
+
+/* A plain HTTP/1.1 GET over its own socket (Connection: close; 10 s receive
+ * timeout, scaled), independent of the library. Returns the status (> 0) or
+ * -1; *body (malloc'ed, NUL-terminated; may be NULL) gets the body. */
+int fqt_http_get(int port, const char *target, char **body, size_t *len);
+/* GET target, REQUIREs a 200 with a JSON body; NEW reference. */
+json_t *fqt_server_json(const fqt_server *s, const char *target);
+/* GET /stats (NEW reference) and POST-equivalent GET /stats/reset. */
+json_t *fqt_server_stats(const fqt_server *s);
+void fqt_server_reset(const fqt_server *s);
+/* stats[key] as an integer (-1 when absent). */
+long long fqt_server_stat(const fqt_server *s, const char *key);
+
+/* A TCP port on 127.0.0.1 that nothing listens on (bound, then closed). */
+int fqt_closed_port(void);
+
+/* RFC 3986 percent-encoding of every byte but A-Z a-z 0-9 - . _ ~ (uppercase
+ * hex) into buf; returns buf. */
+const char *fqt_pct(const char *text, char *buf, size_t len);
+
+/* fq_submit_request with request and options given as JSON text. */
+fq_op_id fqt_request(fq_queue *q, const char *request_text, const char *options_text,
+                     fq_completion_fn done, void *userdata);
+
+/* What a network completion saw, beyond rec: use net_done as the callback
+ * and a netrec as its userdata. Only the first call is recorded. */
+typedef struct netrec {
+    rec r;              /* first: rec_done sees the userdata as a rec */
+    long http_status;
+    json_t *headers;    /* kept (incref), NULL if none */
+    json_t *metrics;    /* kept (incref), NULL if none */
+    unsigned char *body; /* malloc'ed copy (NUL-terminated), NULL if none */
+    size_t body_len;
+    bool from_cache;    /* fq_result_from_cache() */
+} netrec;
+
+void net_done(const fq_result *res, void *userdata);
+void netrec_clear(netrec *n);
 
 #endif

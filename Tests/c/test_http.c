@@ -1,0 +1,1078 @@
+/* Requests through the engine against the shared test server
+ * (Tests/support/testserver.py): methods, headers, query encoding, bodies,
+ * the result accessors, status handling, per-host and queue concurrency seen
+ * from the server, priority order, cancellation, every kind of time limit,
+ * redirects, the size cap, submit-time rejection, progress events and the
+ * JSONTestSuite files over HTTP.
+ *
+ * Each test starts its own server (fqt_server_start, see fqt.h) and stops it
+ * at its end; the server's /stats is read over a plain socket (fqt_http_get),
+ * so asking never goes through — or waits behind — the engine under test. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <ctype.h>
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fqt.h"
+
+#define URL(s, path) fqt_url((s), (path), url_buf_, sizeof url_buf_)
+
+static bool str_eq(const json_t *j, const char *s) {
+    return json_is_string(j) && strcmp(json_string_value(j), s) == 0;
+}
+
+/* CHECKs that obj[key] is the string want. */
+#define CHECK_JSTR(obj, key, want)                                                    \
+    do {                                                                               \
+        json_t *v_ = json_object_get((obj), (key));                                    \
+        if (!str_eq(v_, (want))) {                                                     \
+            char *d_ = v_ ? json_dumps(v_, JSON_ENCODE_ANY) : NULL;                    \
+            FAILF("%s[\"%s\"] is %s, expected \"%s\"", #obj, (key), d_ ? d_ : "absent", \
+                  (want));                                                             \
+            free(d_);                                                                  \
+        }                                                                              \
+    } while (0)
+
+static void check_json_eq(const json_t *got, const char *want_text, const char *what) {
+    json_t *want = fqt_json(want_text);
+    if (!json_equal((json_t *)got, want)) {
+        char *g = got ? json_dumps(got, JSON_ENCODE_ANY | JSON_SORT_KEYS) : NULL;
+        FAILF("%s: got %s, expected %s", what, g ? g : "NULL", want_text);
+        free(g);
+    }
+    json_decref(want);
+}
+
+/* Submits {"method": m, "url": url} (m may be NULL) with options text. */
+static fq_op_id submit_url(fq_queue *q, const char *method, const char *url,
+                           const char *options_text, netrec *n) {
+    json_t *req = method ? json_pack("{s:s, s:s}", "method", method, "url", url)
+                         : json_pack("{s:s}", "url", url);
+    json_t *opt = options_text ? fqt_json(options_text) : NULL;
+    fq_op_id id = fq_submit_request(q, req, opt, net_done, n);
+    if (id <= 0) FAILF("submit %s %s failed: %lld %s", method ? method : "GET", url,
+                       (long long)id, fq_last_error());
+    json_decref(req);
+    json_decref(opt);
+    return id;
+}
+
+/* One request, waited for; REQUIREs that the callback ran exactly once. */
+static void fetch(fq_engine *e, fq_queue *q, const char *method, const char *url,
+                  const char *options_text, netrec *n) {
+    memset(n, 0, sizeof *n);
+    REQUIRE(submit_url(q, method, url, options_text, n) > 0);
+    CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));
+    REQUIRE(atomic_load(&n->r.calls) == 1);
+}
+
+static void expect(const netrec *n, int outcome, int status, const char *what) {
+    if (n->r.outcome != outcome || n->r.status != status)
+        FAILF("%s: outcome %d status %d (%s), expected outcome %d status %d (%s); error: %s",
+              what, n->r.outcome, n->r.status, fq_strerror(n->r.status), outcome, status,
+              fq_strerror(status), n->r.error);
+}
+
+/* ------------------------------------------------------------------ */
+
+TEST(http_methods_headers_query_echo) {
+    fqt_server s;
+    fqt_server_start(&s, NULL);
+    fq_engine *e = fqt_engine(NULL);
+    fq_queue *q = fqt_queue(e, "q", 3);
+    char url_buf_[256];
+    const char *methods[] = {"GET", "POST", "PUT", "DELETE", "PATCH", "PURGE"};
+    enum { NM = 6 };
+    netrec n[NM];
+    memset(n, 0, sizeof n);
+    for (int i = 0; i < NM; i++) {
+        json_t *req = json_pack(
+            "{s:s, s:s, s:{s:s, s:s}, s:{s:s, s:i, s:b, s:s, s:s}}", "method", methods[i],
+            "url", URL(&s, "/echo"), "headers", "X-Fetchq-Test", methods[i], "X-Two",
+            "a b\tc", "query", "a b&c", "1+1=2 ~-._ é#%/?", "n", 42, "t", 1, "m", methods[i],
+            "empty", "");
+        REQUIRE(req != NULL);
+        CHECK(fq_submit_request(q, req, NULL, net_done, &n[i]) > 0);
+        json_decref(req);
+    }
+    CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));
+    for (int i = 0; i < NM; i++) {
+        const char *m = methods[i];
+        CHECK_EQ_INT(atomic_load(&n[i].r.calls), 1);
+        expect(&n[i], FQ_SUCCEEDED, FQ_OK, m);
+        CHECK(!n[i].r.has_error);
+        CHECK_EQ_INT(n[i].http_status, 200);
+        json_t *v = n[i].r.value;
+        REQUIRE(json_is_object(v));
+        CHECK_JSTR(v, "method", m);
+        CHECK_JSTR(v, "path", "/echo");
+        CHECK_JSTR(v, "body", "");
+        char want[512];
+        snprintf(want, sizeof want,
+                 "{\"a b&c\": \"1+1=2 ~-._ \\u00e9#%%/?\", \"n\": \"42\", \"t\": \"true\", "
+                 "\"m\": \"%s\", \"empty\": \"\"}",
+                 m);
+        check_json_eq(json_object_get(v, "query"), want, m);
+        json_t *h = json_object_get(v, "headers");
+        CHECK_JSTR(h, "x-fetchq-test", m);
+        CHECK_JSTR(h, "x-two", "a b\tc");
+        CHECK_JSTR(h, "user-agent", "fetchq/" FQ_VERSION_STRING);
+        char host[64];
+        snprintf(host, sizeof host, "127.0.0.1:%d", s.port);
+        CHECK_JSTR(h, "host", host);
+    }
+    /* The raw request targets: RFC 3986 encoding (%20 never '+', unreserved
+     * characters kept, uppercase hex), one parameter per key, any order. */
+    json_t *st = fqt_server_stats(&s);
+    json_t *arr = json_object_get(st, "arrivals");
+    CHECK_EQ_INT(json_array_size(arr), NM);
+    CHECK_EQ_INT(fqt_int(st, "requests", -1), NM);
+    for (size_t k = 0; k < json_array_size(arr); k++) {
+        const char *t = json_string_value(json_array_get(arr, k));
+        REQUIRE(t != NULL);
+        if (strncmp(t, "/echo?", 6) != 0) {
+            FAILF("arrival %s does not start with /echo?", t);
+            continue;
+        }
+        char params[1024];
+        snprintf(params, sizeof params, "%s", t + 6);
+        int found = 0, mcount = 0;
+        char *save = NULL;
+        for (char *p = strtok_r(params, "&", &save); p; p = strtok_r(NULL, "&", &save)) {
+            if (strcmp(p, "a%20b%26c=1%2B1%3D2%20~-._%20%C3%A9%23%25%2F%3F") == 0 ||
+                strcmp(p, "n=42") == 0 || strcmp(p, "t=true") == 0 ||
+                strcmp(p, "empty=") == 0) {
+                found++;
+            } else if (strncmp(p, "m=", 2) == 0) {
+                mcount++;
+            } else {
+                FAILF("unexpected query parameter %s in %s", p, t);
+            }
+        }
+        CHECK_EQ_INT(found, 4);
+        CHECK_EQ_INT(mcount, 1);
+    }
+    json_decref(st);
+    for (int i = 0; i < NM; i++) netrec_clear(&n[i]);
+    fqt_engine_free(e);
+    fqt_server_stop(&s);
+}
+
+TEST(http_request_bodies) {
+    fqt_server s;
+    fqt_server_start(&s, NULL);
+    fq_engine *e = fqt_engine(NULL);
+    fq_queue *q = fqt_queue(e, "q", 2);
+    char url_buf_[256];
+    enum { NB = 6 };
+    netrec n[NB];
+    memset(n, 0, sizeof n);
+    const char *json_body = "{\"k\": [1, \"two\", null, true, 2.5], \"u\": \"\\u00e9\\n\"}";
+    const char *str_body = "hello\r\nworld \xc3\xa9 {not json";
+    json_t *reqs[NB];
+    /* 0: JSON object body -> serialized, application/json */
+    reqs[0] = json_pack("{s:s, s:s, s:o}", "method", "POST", "url", URL(&s, "/echo"), "body",
+                        fqt_json(json_body));
+    /* 1: string body -> as is */
+    reqs[1] = json_pack("{s:s, s:s, s:s}", "method", "PUT", "url", URL(&s, "/echo"), "body",
+                        str_body);
+    /* 2: JSON body with the caller's own Content-Type (any case) */
+    reqs[2] = json_pack("{s:s, s:s, s:{s:s}, s:o}", "method", "PATCH", "url",
+                        URL(&s, "/echo"), "headers", "content-TYPE",
+                        "application/vnd.test+json", "body", fqt_json("[1, 2, 3]"));
+    /* 3: a JSON array body */
+    reqs[3] = json_pack("{s:s, s:s, s:o}", "method", "POST", "url", URL(&s, "/echo"), "body",
+                        fqt_json("[{\"a\": {}}, []]"));
+    /* 4: a JSON number body */
+    reqs[4] = json_pack("{s:s, s:s, s:i}", "method", "POST", "url", URL(&s, "/echo"), "body",
+                        7);
+    /* 5: option user_agent */
+    reqs[5] = json_pack("{s:s}", "url", URL(&s, "/echo"));
+    for (int i = 0; i < NB; i++) {
+        REQUIRE(reqs[i] != NULL);
+        json_t *opt = i == 5 ? fqt_json("{\"user_agent\": \"custom-agent/9 (x)\"}") : NULL;
+        CHECK(fq_submit_request(q, reqs[i], opt, net_done, &n[i]) > 0);
+        json_decref(opt);
+        json_decref(reqs[i]);
+    }
+    CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));
+    for (int i = 0; i < NB; i++) {
+        CHECK_EQ_INT(atomic_load(&n[i].r.calls), 1);
+        expect(&n[i], FQ_SUCCEEDED, FQ_OK, "body request");
+        REQUIRE(json_is_object(n[i].r.value));
+    }
+    json_t *v, *h;
+    char len[32];
+
+    v = n[0].r.value;
+    h = json_object_get(v, "headers");
+    CHECK_JSTR(v, "method", "POST");
+    CHECK_JSTR(h, "content-type", "application/json");
+    const char *sent = json_string_value(json_object_get(v, "body"));
+    REQUIRE(sent != NULL);
+    json_t *parsed = json_loads(sent, 0, NULL);
+    CHECK(parsed != NULL);
+    check_json_eq(parsed, json_body, "the serialized JSON body");
+    json_decref(parsed);
+    snprintf(len, sizeof len, "%zu", strlen(sent));
+    CHECK_JSTR(h, "content-length", len);
+
+    v = n[1].r.value;
+    h = json_object_get(v, "headers");
+    CHECK_JSTR(v, "method", "PUT");
+    CHECK_JSTR(v, "body", str_body);
+    snprintf(len, sizeof len, "%zu", strlen(str_body));
+    CHECK_JSTR(h, "content-length", len);
+    if (str_eq(json_object_get(h, "content-type"), "application/json"))
+        FAILF("a string body was sent with Content-Type: application/json");
+
+    v = n[2].r.value;
+    h = json_object_get(v, "headers");
+    CHECK_JSTR(h, "content-type", "application/vnd.test+json");
+    sent = json_string_value(json_object_get(v, "body"));
+    parsed = sent ? json_loads(sent, 0, NULL) : NULL;
+    check_json_eq(parsed, "[1, 2, 3]", "the PATCH body");
+    json_decref(parsed);
+
+    v = n[3].r.value;
+    h = json_object_get(v, "headers");
+    CHECK_JSTR(h, "content-type", "application/json");
+    sent = json_string_value(json_object_get(v, "body"));
+    parsed = sent ? json_loads(sent, 0, NULL) : NULL;
+    check_json_eq(parsed, "[{\"a\": {}}, []]", "the array body");
+    json_decref(parsed);
+
+    v = n[4].r.value;
+    h = json_object_get(v, "headers");
+    CHECK_JSTR(h, "content-type", "application/json");
+    CHECK_JSTR(v, "body", "7");
+
+    v = n[5].r.value;
+    h = json_object_get(v, "headers");
+    CHECK_JSTR(v, "method", "GET");
+    CHECK_JSTR(h, "user-agent", "custom-agent/9 (x)");
+    CHECK_JSTR(v, "body", "");
+
+    for (int i = 0; i < NB; i++) netrec_clear(&n[i]);
+    fqt_engine_free(e);
+    fqt_server_stop(&s);
+}
+
+static const char *const metric_numbers[] = {"queue_wait_ms", "connect_ms", "first_byte_ms",
+                                             "total_ms"};
+static const char *const metric_integers[] = {"bytes", "redirects", "attempts"};
+
+static void check_metrics(const netrec *n, long long bytes, long long redirects) {
+    json_t *m = n->metrics;
+    REQUIRE(json_is_object(m));
+    CHECK_EQ_INT(json_object_size(m), 10);
+    for (size_t i = 0; i < 4; i++) {
+        json_t *x = json_object_get(m, metric_numbers[i]);
+        if (!json_is_number(x)) FAILF("metrics[%s] is not a number", metric_numbers[i]);
+        else if (json_number_value(x) < 0) FAILF("metrics[%s] < 0", metric_numbers[i]);
+    }
+    for (size_t i = 0; i < 3; i++)
+        if (!json_is_integer(json_object_get(m, metric_integers[i])))
+            FAILF("metrics[%s] is not an integer", metric_integers[i]);
+    CHECK(json_is_string(json_object_get(m, "http_version")));
+    CHECK(json_is_boolean(json_object_get(m, "reused_connection")));
+    /* nothing the test server sends here is cacheable */
+    CHECK(json_is_false(json_object_get(m, "from_cache")));
+    CHECK(!n->from_cache);
+    CHECK_EQ_INT(fqt_int(m, "bytes", -1), bytes);
+    CHECK_EQ_INT(fqt_int(m, "redirects", -1), redirects);
+    CHECK_EQ_INT(fqt_int(m, "attempts", -1), 1);
+    CHECK_JSTR(m, "http_version", "1.1");
+    CHECK(json_number_value(json_object_get(m, "total_ms")) >=
+          json_number_value(json_object_get(m, "first_byte_ms")));
+}
+
+TEST(http_result_accessors_and_parse_modes) {
+    fqt_server s;
+    fqt_server_start(&s, NULL);
+    fq_engine *e = fqt_engine(NULL);
+    fq_queue *q = fqt_queue(e, "q", 1);
+    char url_buf_[256];
+    netrec n;
+
+    /* parse "auto" (the default) on a JSON response */
+    fetch(e, q, NULL, URL(&s, "/json?size=200"), NULL, &n);
+    expect(&n, FQ_SUCCEEDED, FQ_OK, "/json");
+    CHECK_EQ_INT(n.http_status, 200);
+    REQUIRE(n.body != NULL);
+    CHECK(n.body_len >= 200 && n.body_len < 300);
+    REQUIRE(json_is_object(n.headers));
+    const char *key;
+    json_t *val;
+    json_object_foreach(n.headers, key, val) {
+        for (const char *c = key; *c; c++)
+            if (isupper((unsigned char)*c)) {
+                FAILF("header name %s is not lower-cased", key);
+                break;
+            }
+        if (!json_is_string(val)) FAILF("header %s is not a string", key);
+    }
+    CHECK_JSTR(n.headers, "content-type", "application/json");
+    CHECK_JSTR(n.headers, "server", "fetchq-testserver");
+    char len[32];
+    snprintf(len, sizeof len, "%zu", n.body_len);
+    CHECK_JSTR(n.headers, "content-length", len);
+    json_t *from_body = json_loadb((const char *)n.body, n.body_len, 0, NULL);
+    CHECK(from_body != NULL);
+    CHECK(json_is_object(n.r.value));
+    CHECK(json_equal(from_body, n.r.value));
+    CHECK(json_is_array(json_object_get(n.r.value, "items")));
+    json_decref(from_body);
+    check_metrics(&n, (long long)n.body_len, 0);
+    netrec_clear(&n);
+
+    /* a second request on the same engine reuses the keep-alive connection */
+    fetch(e, q, NULL, URL(&s, "/json?size=10"), NULL, &n);
+    expect(&n, FQ_SUCCEEDED, FQ_OK, "/json again");
+    CHECK(json_is_true(json_object_get(n.metrics, "reused_connection")));
+    CHECK_EQ_INT(fqt_server_stat(&s, "connections_total"), 1);
+    netrec_clear(&n);
+
+    /* parse "none": no value, the body is still there */
+    fetch(e, q, NULL, URL(&s, "/json?size=200"), "{\"parse\": \"none\"}", &n);
+    expect(&n, FQ_SUCCEEDED, FQ_OK, "parse none");
+    CHECK(n.r.value == NULL);
+    CHECK(n.body != NULL && n.body_len >= 200);
+    from_body = n.body ? json_loadb((const char *)n.body, n.body_len, 0, NULL) : NULL;
+    CHECK(json_is_object(from_body));
+    json_decref(from_body);
+    netrec_clear(&n);
+
+    /* parse "auto" on a non-JSON response: no value */
+    fetch(e, q, NULL, URL(&s, "/bytes?n=300"), NULL, &n);
+    expect(&n, FQ_SUCCEEDED, FQ_OK, "auto on octet-stream");
+    CHECK(n.r.value == NULL);
+    CHECK_EQ_INT(n.body_len, 300);
+    CHECK_JSTR(n.headers, "content-type", "application/octet-stream");
+    bool pattern_ok = n.body != NULL;
+    for (size_t i = 0; pattern_ok && i < n.body_len; i++)
+        if (n.body[i] != (unsigned char)(i % 251)) pattern_ok = false;
+    CHECK(pattern_ok);
+    check_metrics(&n, 300, 0);
+    netrec_clear(&n);
+
+    /* parse "json" on the same bytes: FQ_ERR_PARSE, body kept */
+    fetch(e, q, NULL, URL(&s, "/bytes?n=300"), "{\"parse\": \"json\"}", &n);
+    expect(&n, FQ_FAILED, FQ_ERR_PARSE, "json on octet-stream");
+    CHECK_EQ_INT(n.http_status, 200);
+    CHECK_EQ_INT(n.body_len, 300);
+    CHECK(n.r.has_error);
+    netrec_clear(&n);
+
+    /* 204: no body */
+    fetch(e, q, NULL, URL(&s, "/204"), NULL, &n);
+    expect(&n, FQ_SUCCEEDED, FQ_OK, "/204");
+    CHECK_EQ_INT(n.http_status, 204);
+    CHECK(n.body == NULL);
+    CHECK_EQ_INT(n.body_len, 0);
+    CHECK(n.r.value == NULL);
+    netrec_clear(&n);
+
+    fqt_engine_free(e);
+    fqt_server_stop(&s);
+}
+
+TEST(http_status_not_accepted_and_accept_status) {
+    fqt_server s;
+    fqt_server_start(&s, NULL);
+    fq_engine *e = fqt_engine(NULL);
+    fq_queue *q = fqt_queue(e, "q", 4);
+    char url_buf_[256];
+    netrec n;
+
+    static const struct {
+        const char *method, *path, *options;
+        int outcome, status;
+        long http;
+    } cases[] = {
+        {NULL, "/status/404", NULL, FQ_FAILED, FQ_ERR_HTTP, 404},
+        {"POST", "/status/500", NULL, FQ_FAILED, FQ_ERR_HTTP, 500},
+        {"DELETE", "/status/301", "{\"max_redirects\": 5}", FQ_FAILED, FQ_ERR_HTTP, 301},
+        {NULL, "/status/201", NULL, FQ_SUCCEEDED, FQ_OK, 201},
+        {NULL, "/status/404", "{\"accept_status\": [404]}", FQ_SUCCEEDED, FQ_OK, 404},
+        {NULL, "/status/410", "{\"accept_status\": [404]}", FQ_FAILED, FQ_ERR_HTTP, 410},
+        {NULL, "/status/404", "{\"accept_status\": [\"4xx\"]}", FQ_SUCCEEDED, FQ_OK, 404},
+        {NULL, "/status/418", "{\"accept_status\": [\"4xx\"]}", FQ_SUCCEEDED, FQ_OK, 418},
+        {NULL, "/status/500", "{\"accept_status\": [\"4xx\"]}", FQ_FAILED, FQ_ERR_HTTP, 500},
+        {NULL, "/status/503", "{\"accept_status\": [404, \"5xx\"]}", FQ_SUCCEEDED, FQ_OK, 503},
+        {"PURGE", "/status/599", "{\"accept_status\": [\"5xx\"]}", FQ_SUCCEEDED, FQ_OK, 599},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char what[128];
+        snprintf(what, sizeof what, "%s %s %s", cases[i].method ? cases[i].method : "GET",
+                 cases[i].path, cases[i].options ? cases[i].options : "");
+        fetch(e, q, cases[i].method, URL(&s, cases[i].path), cases[i].options, &n);
+        expect(&n, cases[i].outcome, cases[i].status, what);
+        if (n.http_status != cases[i].http)
+            FAILF("%s: http status %ld, expected %ld", what, n.http_status, cases[i].http);
+        char want[64];
+        snprintf(want, sizeof want, "{\"status\": %ld}", cases[i].http);
+        /* the body and the parsed value stay readable, also on failure */
+        if (!n.body || n.body_len != strlen(want) || memcmp(n.body, want, n.body_len) != 0)
+            FAILF("%s: body %.*s, expected %s", what, (int)n.body_len,
+                  n.body ? (const char *)n.body : "(null)", want);
+        check_json_eq(n.r.value, want, what);
+        CHECK_JSTR(n.headers, "content-type", "application/json");
+        if (cases[i].outcome == FQ_FAILED) {
+            CHECK(n.r.has_error);
+        } else {
+            CHECK(!n.r.has_error);
+        }
+        netrec_clear(&n);
+    }
+    fqt_engine_free(e);
+    fqt_server_stop(&s);
+}
+
+/* n requests to /delay?ms=ms spread over the queues; returns how many
+ * succeeded. */
+static int delay_burst(fq_engine *e, fq_queue **qs, int nq, int n, int ms,
+                       const fqt_server *s) {
+    netrec *r = calloc((size_t)n, sizeof *r);
+    REQUIRE(r != NULL);
+    char url[256];
+    for (int i = 0; i < n; i++) {
+        snprintf(url, sizeof url, "%s/delay?ms=%d&i=%d", s->base, ms, i);
+        CHECK(submit_url(qs[i % nq], NULL, url, NULL, &r[i]) > 0);
+    }
+    CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));
+    int ok = 0;
+    for (int i = 0; i < n; i++) {
+        CHECK_EQ_INT(atomic_load(&r[i].r.calls), 1);
+        if (r[i].r.outcome == FQ_SUCCEEDED) ok++;
+        else FAILF("delay request %d: outcome %d status %d %s", i, r[i].r.outcome,
+                   r[i].r.status, r[i].r.error);
+        netrec_clear(&r[i]);
+    }
+    free(r);
+    return ok;
+}
+
+TEST(http_max_per_host_and_max_concurrent_seen_by_server) {
+    fqt_server s;
+    fqt_server_start(&s, NULL);
+
+    /* the per-host limit: 3, on a queue that would allow 16 */
+    fq_engine *e = fqt_engine("{\"max_per_host\": 3}");
+    fq_queue *q = fqt_queue(e, "q", 16);
+    fqt_server_reset(&s);
+    CHECK_EQ_INT(delay_burst(e, &q, 1, 12, 150, &s), 12);
+    json_t *st = fqt_server_stats(&s);
+    CHECK_EQ_INT(fqt_int(st, "max_in_flight", -1), 3);
+    CHECK_EQ_INT(fqt_int(st, "requests", -1), 12);
+    json_decref(st);
+    fqt_engine_free(e);
+
+    /* the per-host limit holds across queues */
+    e = fqt_engine("{\"max_per_host\": 3}");
+    fq_queue *qs[2] = {fqt_queue(e, "a", 8), fqt_queue(e, "b", 8)};
+    fqt_server_reset(&s);
+    CHECK_EQ_INT(delay_burst(e, qs, 2, 12, 150, &s), 12);
+    CHECK_EQ_INT(fqt_server_stat(&s, "max_in_flight"), 3);
+    fqt_engine_free(e);
+
+    /* the queue's max_concurrent: 5, with a per-host limit of 64 */
+    e = fqt_engine("{\"max_per_host\": 64}");
+    q = fqt_queue(e, "q", 5);
+    fqt_server_reset(&s);
+    CHECK_EQ_INT(delay_burst(e, &q, 1, 12, 150, &s), 12);
+    st = fqt_server_stats(&s);
+    CHECK_EQ_INT(fqt_int(st, "max_in_flight", -1), 5);
+    CHECK_EQ_INT(fqt_int(st, "requests", -1), 12);
+    json_decref(st);
+    fqt_engine_free(e);
+    fqt_server_stop(&s);
+}
+
+TEST(http_priority_order_in_server_arrivals) {
+    fqt_server s;
+    fqt_server_start(&s, NULL);
+    fq_engine *e = fqt_engine("{\"aging_ms\": 0}");
+    fq_queue *q = fqt_queue(e, "q", 1);
+    CHECK_OK(fq_queue_set_suspended(q, true));
+    static const struct {
+        const char *tag;
+        const char *options;
+    } subs[] = {
+        {"a", "{\"priority\": \"low\"}"},       {"b", NULL},
+        {"c", "{\"priority\": 4}"},             {"d", "{\"priority\": \"very-high\"}"},
+        {"e", "{\"priority\": -8}"},            {"f", "{\"priority\": \"normal\"}"},
+        {"g", "{\"priority\": \"high\"}"},      {"h", "{\"priority\": 8}"},
+    };
+    enum { NS = sizeof subs / sizeof subs[0] };
+    const char *want[NS] = {"d", "h", "c", "g", "b", "f", "a", "e"};
+    netrec n[NS];
+    memset(n, 0, sizeof n);
+    char url[256];
+    for (int i = 0; i < NS; i++) {
+        snprintf(url, sizeof url, "%s/echo?p=%s", s.base, subs[i].tag);
+        CHECK(submit_url(q, NULL, url, subs[i].options, &n[i]) > 0);
+    }
+    fqt_sleep_ms(50);
+    CHECK_EQ_INT(fqt_server_stat(&s, "requests"), 0);
+    CHECK_OK(fq_queue_set_suspended(q, false));
+    CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));
+    for (int i = 0; i < NS; i++) {
+        CHECK_EQ_INT(atomic_load(&n[i].r.calls), 1);
+        expect(&n[i], FQ_SUCCEEDED, FQ_OK, subs[i].tag);
+        netrec_clear(&n[i]);
+    }
+    json_t *st = fqt_server_stats(&s);
+    json_t *arr = json_object_get(st, "arrivals");
+    CHECK_EQ_INT(json_array_size(arr), NS);
+    for (size_t i = 0; i < NS && i < json_array_size(arr); i++) {
+        char exp[32];
+        snprintf(exp, sizeof exp, "/echo?p=%s", want[i]);
+        const char *got = json_string_value(json_array_get(arr, i));
+        if (!got || strcmp(got, exp) != 0) FAILF("arrival %zu: %s, expected %s", i, got, exp);
+    }
+    json_decref(st);
+    fqt_engine_free(e);
+    fqt_server_stop(&s);
+}
+
+TEST(http_cancel_in_flight_closes_the_connection) {
+    fqt_server s;
+    fqt_server_start(&s, NULL);
+    fq_engine *e = fqt_engine(NULL);
+    fq_queue *q = fqt_queue(e, "q", 2);
+    char url_buf_[256];
+    netrec n;
+    memset(&n, 0, sizeof n);
+    fq_op_id id = submit_url(q, NULL, URL(&s, "/stall"), NULL, &n);
+    REQUIRE(id > 0);
+    bool arrived = WAIT_UNTIL(fqt_server_stat(&s, "in_flight") == 1, FQT_LONG_MS);
+    REQUIRE(arrived);
+    CHECK_EQ_INT(fqt_server_stat(&s, "open_connections"), 1);
+    CHECK_EQ_INT(atomic_load(&n.r.calls), 0);
+    long long t0 = fqt_now_ms();
+    CHECK_OK(fq_cancel(e, id));
+    bool called = WAIT_UNTIL(atomic_load(&n.r.calls) == 1, FQT_LONG_MS);
+    REQUIRE(called);
+    long long dt = fqt_now_ms() - t0;
+    if (dt > 5000) FAILF("the cancelled request's callback came %lld ms after fq_cancel", dt);
+    expect(&n, FQ_CANCELLED, FQ_ERR_CANCELLED, "cancelled /stall");
+    CHECK_EQ_INT(n.r.id, id);
+    CHECK(n.r.has_error);
+    CHECK_EQ_INT(n.http_status, 0);
+    bool closed = WAIT_UNTIL(fqt_server_stat(&s, "open_connections") == 0, 10000);
+    if (!closed)
+        FAILF("open_connections is %lld 10 s after the cancel (expected 0)",
+              fqt_server_stat(&s, "open_connections"));
+    CHECK(WAIT_UNTIL(fqt_server_stat(&s, "in_flight") == 0, 10000));
+    CHECK_EQ_INT(fq_cancel(e, id), FQ_OK); /* cancelled already: harmless */
+    CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));
+    CHECK_EQ_INT(atomic_load(&n.r.calls), 1);
+    CHECK_EQ_INT(fqt_stat(e, "cancelled", -1), 1);
+    netrec_clear(&n);
+    fqt_engine_free(e);
+    fqt_server_stop(&s);
+}
+
+TEST(http_time_limits) {
+    fqt_server s;
+    fqt_server_start(&s, NULL);
+    char url_buf_[256];
+    netrec n;
+
+    /* option timeout_ms on a request that never gets an answer */
+    fq_engine *e = fqt_engine(NULL);
+    fq_queue *q = fqt_queue(e, "q", 2);
+    long long t0 = fqt_now_ms();
+    fetch(e, q, NULL, URL(&s, "/stall"), "{\"timeout_ms\": 300}", &n);
+    long long dt = fqt_now_ms() - t0;
+    expect(&n, FQ_FAILED, FQ_ERR_TIMEOUT, "timeout_ms 300 on /stall");
+    CHECK_EQ_INT(n.http_status, 0);
+    CHECK(n.r.has_error);
+    if (dt < 250 || dt > 10000) FAILF("timeout_ms 300 ended after %lld ms", dt);
+    netrec_clear(&n);
+    fqt_engine_free(e);
+
+    /* the engine's timeout_ms */
+    e = fqt_engine("{\"timeout_ms\": 300}");
+    q = fqt_queue(e, "q", 2);
+    t0 = fqt_now_ms();
+    fetch(e, q, NULL, URL(&s, "/stall"), NULL, &n);
+    dt = fqt_now_ms() - t0;
+    expect(&n, FQ_FAILED, FQ_ERR_TIMEOUT, "config timeout_ms 300 on /stall");
+    if (dt < 250 || dt > 10000) FAILF("config timeout_ms 300 ended after %lld ms", dt);
+    netrec_clear(&n);
+
+    /* slow headers within the limit are fine */
+    fetch(e, q, NULL, URL(&s, "/delay?ms=50"), NULL, &n);
+    expect(&n, FQ_SUCCEEDED, FQ_OK, "/delay 50 under timeout 300");
+    check_json_eq(n.r.value, "{\"delayed\": 50}", "/delay value");
+    netrec_clear(&n);
+
+    /* connection refused */
+    char refused[128];
+    snprintf(refused, sizeof refused, "http://127.0.0.1:%d/json", fqt_closed_port());
+    fetch(e, q, NULL, refused, NULL, &n);
+    expect(&n, FQ_FAILED, FQ_ERR_NETWORK, refused);
+    CHECK_EQ_INT(n.http_status, 0);
+    CHECK(n.r.has_error);
+    netrec_clear(&n);
+    fqt_engine_free(e);
+
+    /* max_wait_ms on a suspended queue: fails while still suspended, and the
+     * server never sees the request */
+    fqt_server_reset(&s);
+    e = fqt_engine(NULL);
+    q = fqt_queue(e, "q", 2);
+    CHECK_OK(fq_queue_set_suspended(q, true));
+    memset(&n, 0, sizeof n);
+    t0 = fqt_now_ms();
+    REQUIRE(submit_url(q, NULL, URL(&s, "/json"), "{\"max_wait_ms\": 200}", &n) > 0);
+    CHECK(WAIT_UNTIL(atomic_load(&n.r.calls) == 1, FQT_LONG_MS));
+    dt = fqt_now_ms() - t0;
+    expect(&n, FQ_FAILED, FQ_ERR_QUEUE_TIMEOUT, "max_wait_ms 200 while suspended");
+    if (dt < 150 || dt > 10000) FAILF("max_wait_ms 200 ended after %lld ms", dt);
+    CHECK_EQ_INT(n.http_status, 0);
+    netrec_clear(&n);
+    fqt_engine_free(e);
+
+    e = fqt_engine("{\"max_wait_ms\": 200}");
+    q = fqt_queue(e, "q", 2);
+    CHECK_OK(fq_queue_set_suspended(q, true));
+    memset(&n, 0, sizeof n);
+    REQUIRE(submit_url(q, NULL, URL(&s, "/json"), NULL, &n) > 0);
+    CHECK(WAIT_UNTIL(atomic_load(&n.r.calls) == 1, FQT_LONG_MS));
+    expect(&n, FQ_FAILED, FQ_ERR_QUEUE_TIMEOUT, "config max_wait_ms 200 while suspended");
+    netrec_clear(&n);
+    CHECK_EQ_INT(fqt_server_stat(&s, "requests"), 0);
+    fqt_engine_free(e);
+
+    /* the stalled connections were closed by the client */
+    CHECK(WAIT_UNTIL(fqt_server_stat(&s, "open_connections") == 0, 10000));
+    fqt_server_stop(&s);
+}
+
+TEST(http_redirects) {
+    fqt_server s;
+    fqt_server_start(&s, NULL);
+    fq_engine *e = fqt_engine(NULL);
+    fq_queue *q = fqt_queue(e, "q", 2);
+    char url_buf_[256];
+    netrec n;
+
+    fetch(e, q, NULL, URL(&s, "/redirect?n=3"), NULL, &n);
+    expect(&n, FQ_SUCCEEDED, FQ_OK, "/redirect?n=3");
+    CHECK_EQ_INT(n.http_status, 200);
+    CHECK_EQ_INT(fqt_int(n.metrics, "redirects", -1), 3);
+    CHECK(json_is_array(json_object_get(n.r.value, "items")));
+    netrec_clear(&n);
+
+    fetch(e, q, NULL, URL(&s, "/redirect?n=3"), "{\"max_redirects\": 3}", &n);
+    expect(&n, FQ_SUCCEEDED, FQ_OK, "/redirect?n=3 with max_redirects 3");
+    CHECK_EQ_INT(fqt_int(n.metrics, "redirects", -1), 3);
+    netrec_clear(&n);
+
+    fetch(e, q, NULL, URL(&s, "/redirect-loop"), NULL, &n);
+    expect(&n, FQ_FAILED, FQ_ERR_REDIRECT, "/redirect-loop");
+    CHECK(n.r.has_error);
+    netrec_clear(&n);
+
+    fetch(e, q, NULL, URL(&s, "/redirect?n=3"), "{\"max_redirects\": 2}", &n);
+    expect(&n, FQ_FAILED, FQ_ERR_REDIRECT, "/redirect?n=3 with max_redirects 2");
+    netrec_clear(&n);
+    fqt_engine_free(e);
+
+    /* the engine's max_redirects */
+    e = fqt_engine("{\"max_redirects\": 2}");
+    q = fqt_queue(e, "q", 2);
+    fetch(e, q, NULL, URL(&s, "/redirect?n=3"), NULL, &n);
+    expect(&n, FQ_FAILED, FQ_ERR_REDIRECT, "config max_redirects 2, n=3");
+    netrec_clear(&n);
+    fetch(e, q, NULL, URL(&s, "/redirect?n=2"), NULL, &n);
+    expect(&n, FQ_SUCCEEDED, FQ_OK, "config max_redirects 2, n=2");
+    CHECK_EQ_INT(fqt_int(n.metrics, "redirects", -1), 2);
+    netrec_clear(&n);
+    fqt_engine_free(e);
+    fqt_server_stop(&s);
+}
+
+TEST(http_max_response_bytes) {
+    fqt_server s;
+    fqt_server_start(&s, NULL);
+    fq_engine *e = fqt_engine(NULL);
+    fq_queue *q = fqt_queue(e, "q", 2);
+    char url_buf_[256];
+    netrec n;
+    const char *cap = "{\"max_response_bytes\": 1000}";
+
+    static const char *const ok_paths[] = {"/bytes?n=1000", "/bytes?n=1000&chunked=1"};
+    static const char *const big_paths[] = {"/bytes?n=1001", "/bytes?n=1001&chunked=1",
+                                            "/bytes?n=5000000"};
+    for (size_t i = 0; i < 2; i++) {
+        fetch(e, q, NULL, URL(&s, ok_paths[i]), cap, &n);
+        expect(&n, FQ_SUCCEEDED, FQ_OK, ok_paths[i]);
+        CHECK_EQ_INT(n.body_len, 1000);
+        bool same = n.body != NULL;
+        for (size_t k = 0; same && k < n.body_len; k++)
+            if (n.body[k] != (unsigned char)(k % 251)) same = false;
+        CHECK(same);
+        CHECK_EQ_INT(fqt_int(n.metrics, "bytes", -1), 1000);
+        netrec_clear(&n);
+    }
+    for (size_t i = 0; i < 3; i++) {
+        fetch(e, q, NULL, URL(&s, big_paths[i]), cap, &n);
+        expect(&n, FQ_FAILED, FQ_ERR_TOO_LARGE, big_paths[i]);
+        CHECK(n.r.has_error);
+        netrec_clear(&n);
+    }
+    fqt_engine_free(e);
+
+    /* the engine's max_response_bytes */
+    e = fqt_engine(cap);
+    q = fqt_queue(e, "q", 2);
+    fetch(e, q, NULL, URL(&s, "/bytes?n=1000"), NULL, &n);
+    expect(&n, FQ_SUCCEEDED, FQ_OK, "config cap, n=1000");
+    CHECK_EQ_INT(n.body_len, 1000);
+    netrec_clear(&n);
+    fetch(e, q, NULL, URL(&s, "/bytes?n=1001"), NULL, &n);
+    expect(&n, FQ_FAILED, FQ_ERR_TOO_LARGE, "config cap, n=1001");
+    netrec_clear(&n);
+    /* an option overrides the engine's cap */
+    fetch(e, q, NULL, URL(&s, "/bytes?n=1001"), "{\"max_response_bytes\": 1001}", &n);
+    expect(&n, FQ_SUCCEEDED, FQ_OK, "option cap 1001, n=1001");
+    CHECK_EQ_INT(n.body_len, 1001);
+    netrec_clear(&n);
+    fqt_engine_free(e);
+    fqt_server_stop(&s);
+}
+
+TEST(http_rejected_at_submit_never_called_back) {
+    fqt_server s;
+    fqt_server_start(&s, NULL);
+    fq_engine *e = fqt_engine(NULL);
+    fq_queue *q = fqt_queue(e, "q", 2);
+    char echo[128];
+    snprintf(echo, sizeof echo, "%s/echo", s.base);
+
+    /* requests built with json_pack so that control characters are exact */
+    json_t *bad[32];
+    const char *why[32];
+    int nb = 0;
+#define BAD(j, w)                                                                          \
+    do {                                                                                   \
+        bad[nb] = (j);                                                                     \
+        why[nb] = (w);                                                                     \
+        if (!bad[nb]) FAILF("json_pack for %s failed", why[nb]);                           \
+        REQUIRE(bad[nb] != NULL);                                                          \
+        nb++;                                                                              \
+    } while (0)
+    BAD(json_pack("{s:s}", "url", "ftp://127.0.0.1/x"), "ftp URL");
+    BAD(json_pack("{s:s}", "url", "file:///etc/passwd"), "file URL");
+    BAD(json_pack("{s:s}", "url", "gopher://127.0.0.1/"), "gopher URL");
+    BAD(json_pack("{s:s}", "url", "not a url"), "no scheme");
+    BAD(json_pack("{s:i}", "url", 5), "url not a string");
+    BAD(json_pack("{s:s, s:{s:s}}", "url", echo, "headers", "X-A", "a\r\nX-Evil: 1"),
+        "CRLF in a header value");
+    BAD(json_pack("{s:s, s:{s:s}}", "url", echo, "headers", "X-A", "a\nb"),
+        "LF in a header value");
+    BAD(json_pack("{s:s, s:{s:s}}", "url", echo, "headers", "X-A", "a\rb"),
+        "CR in a header value");
+    BAD(json_pack("{s:s, s:{s:s#}}", "url", echo, "headers", "X-A", "a\0b", (size_t)3),
+        "NUL in a header value");
+    BAD(json_pack("{s:s, s:{s:s}}", "url", echo, "headers", "Bad Name", "v"),
+        "space in a header name");
+    BAD(json_pack("{s:s, s:{s:s}}", "url", echo, "headers", "X:Y", "v"),
+        "colon in a header name");
+    BAD(json_pack("{s:s, s:{s:s}}", "url", echo, "headers", "", "v"), "empty header name");
+    BAD(json_pack("{s:s, s:{s:s}}", "url", echo, "headers", "X\r\nY", "v"),
+        "CRLF in a header name");
+    BAD(json_pack("{s:s, s:{s:i}}", "url", echo, "headers", "X-A", 1),
+        "header value not a string");
+    BAD(json_pack("{s:s, s:s}", "url", echo, "method", "GE T"), "space in the method");
+    BAD(json_pack("{s:s, s:s}", "url", echo, "method", "GET\r\n"), "CRLF in the method");
+    BAD(json_pack("{s:s, s:s}", "url", echo, "method", ""), "empty method");
+    BAD(json_pack("{s:s, s:s}", "url", echo, "method", "G(E)T"), "separators in the method");
+    BAD(json_pack("{s:s, s:i}", "url", echo, "method", 1), "method not a string");
+    BAD(json_pack("{s:s, s:i}", "url", echo, "bogus_key", 1), "unknown request key");
+    BAD(json_pack("{s:s, s:{s:{}}}", "url", echo, "query", "a"), "object in the query");
+    BAD(json_pack("{s:s, s:{s:[]}}", "url", echo, "query", "a"), "array in the query");
+    BAD(json_pack("{s:s, s:s}", "url", echo, "query", "a=1"), "query not an object");
+    BAD(json_pack("{s:s, s:s}", "url", echo, "headers", "X-A: 1"), "headers not an object");
+#undef BAD
+    netrec n;
+    memset(&n, 0, sizeof n);
+    for (int i = 0; i < nb; i++) {
+        fq_op_id id = fq_submit_request(q, bad[i], NULL, net_done, &n);
+        if (id != FQ_ERR_INVALID)
+            FAILF("%s: fq_submit_request returned %lld, expected FQ_ERR_INVALID", why[i],
+                  (long long)id);
+        else if (fq_last_error()[0] == '\0')
+            FAILF("%s: no fq_last_error message", why[i]);
+        json_decref(bad[i]);
+    }
+
+    /* bad options on a good request */
+    static const struct {
+        const char *options, *why, *names;
+    } opts[] = {
+        {"{\"bogus_option\": 1}", "unknown option key", "bogus_option"},
+        {"{\"timeout_ms\": \"100\"}", "timeout_ms a string", "timeout_ms"},
+        {"{\"max_redirects\": true}", "max_redirects a boolean", "max_redirects"},
+        {"{\"parse\": 1}", "parse a number", "parse"},
+        {"{\"parse\": \"yaml\"}", "unknown parse mode", "parse"},
+        {"{\"accept_status\": 404}", "accept_status not an array", "accept_status"},
+        {"{\"accept_status\": [\"4xy\"]}", "bad status class", "accept_status"},
+        {"{\"verify_tls\": \"no\"}", "verify_tls a string", "verify_tls"},
+        {"{\"progress\": 1}", "progress a number", "progress"},
+        {"{\"user_agent\": 5}", "user_agent a number", "user_agent"},
+        {"{\"priority\": \"urgent\"}", "unknown priority", "priority"},
+    };
+    json_t *good = json_pack("{s:s}", "url", echo);
+    for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) {
+        json_t *o = fqt_json(opts[i].options);
+        fq_op_id id = fq_submit_request(q, good, o, net_done, &n);
+        if (id != FQ_ERR_INVALID)
+            FAILF("%s (%s): fq_submit_request returned %lld, expected FQ_ERR_INVALID",
+                  opts[i].why, opts[i].options, (long long)id);
+        else if (!strstr(fq_last_error(), opts[i].names))
+            FAILF("%s: fq_last_error \"%s\" does not name %s", opts[i].why, fq_last_error(),
+                  opts[i].names);
+        json_decref(o);
+    }
+    json_decref(good);
+
+    CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));
+    CHECK_EQ_INT(atomic_load(&n.r.calls), 0);
+    CHECK_EQ_INT(fqt_stat(e, "submitted", -1), 0);
+    CHECK_EQ_INT(fqt_server_stat(&s, "requests"), 0);
+
+    /* the same queue still works */
+    char url_buf_[256];
+    fetch(e, q, NULL, URL(&s, "/echo"), NULL, &n);
+    expect(&n, FQ_SUCCEEDED, FQ_OK, "a good request after the rejected ones");
+    netrec_clear(&n);
+    fqt_engine_free(e);
+    fqt_server_stop(&s);
+}
+
+/* ------------------------------------------------------------------ */
+/* Progress events                                                      */
+
+#define MAX_EVENTS 4096
+
+typedef struct {
+    int type;
+    fq_op_id id;
+    uint64_t received, expected;
+    long seq;
+    int rc;
+    bool child_null;
+} ev_rec;
+
+typedef struct {
+    pthread_mutex_t mu;
+    int n;
+    int overflow;
+    ev_rec ev[MAX_EVENTS];
+} ev_log;
+
+static void on_event(const fq_event *ev, void *userdata) {
+    ev_log *log = userdata;
+    ev_rec r = {0};
+    r.type = (int)fq_event_get_type(ev);
+    r.id = fq_event_op_id(ev);
+    r.rc = fq_event_progress(ev, &r.received, &r.expected);
+    r.child_null = fq_event_result(ev) == NULL;
+    r.seq = fqt_seq();
+    pthread_mutex_lock(&log->mu);
+    if (log->n < MAX_EVENTS) log->ev[log->n++] = r;
+    else log->overflow++;
+    pthread_mutex_unlock(&log->mu);
+}
+
+TEST(http_progress_events) {
+    fqt_server s;
+    fqt_server_start(&s, NULL);
+    fq_engine *e = fqt_engine(NULL);
+    fq_queue *q = fqt_queue(e, "q", 2);
+    ev_log *log = calloc(1, sizeof *log);
+    REQUIRE(log != NULL);
+    pthread_mutex_init(&log->mu, NULL);
+    CHECK_OK(fq_engine_set_event_fn(e, on_event, log));
+    char url_buf_[256];
+    netrec n, quiet;
+    memset(&n, 0, sizeof n);
+    memset(&quiet, 0, sizeof quiet);
+    fq_op_id id = submit_url(q, NULL, URL(&s, "/drip?bytes=1000&chunk=100&interval_ms=30"),
+                             "{\"progress_interval_ms\": 0}", &n);
+    /* a request that did not ask for progress gets no events */
+    fq_op_id quiet_id = submit_url(q, NULL, URL(&s, "/drip?bytes=500&chunk=100&interval_ms=20"),
+                                   NULL, &quiet);
+    REQUIRE(id > 0 && quiet_id > 0);
+    CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));
+    CHECK_EQ_INT(atomic_load(&n.r.calls), 1);
+    CHECK_EQ_INT(atomic_load(&quiet.r.calls), 1);
+    expect(&n, FQ_SUCCEEDED, FQ_OK, "/drip with progress");
+    expect(&quiet, FQ_SUCCEEDED, FQ_OK, "/drip without progress");
+    CHECK_EQ_INT(n.body_len, 1000);
+
+    pthread_mutex_lock(&log->mu);
+    int count = log->n;
+    CHECK_EQ_INT(log->overflow, 0);
+    int mine = 0;
+    uint64_t last = 0;
+    ev_rec *lastev = NULL;
+    for (int i = 0; i < count; i++) {
+        ev_rec *r = &log->ev[i];
+        if (r->id == quiet_id) {
+            FAILF("event %d for the request that did not ask for progress", i);
+            continue;
+        }
+        if (r->id != id) {
+            FAILF("event %d for unknown op %lld", i, (long long)r->id);
+            continue;
+        }
+        CHECK_EQ_INT(r->type, FQ_EVENT_PROGRESS);
+        CHECK_OK(r->rc);
+        CHECK(r->child_null);
+        if (mine > 0 && r->received <= last)
+            FAILF("event %d: received %llu after %llu (not increasing)", i,
+                  (unsigned long long)r->received, (unsigned long long)last);
+        if (r->received > 0 && r->expected != 1000)
+            FAILF("event %d: expected %llu, want 1000", i, (unsigned long long)r->expected);
+        if (r->received > 1000) FAILF("event %d: received %llu > 1000", i,
+                                      (unsigned long long)r->received);
+        if (r->seq >= n.r.done_seq) FAILF("event %d came after the completion callback", i);
+        last = r->received;
+        lastev = r;
+        mine++;
+    }
+    /* 10 chunks 30 ms apart: several events, the last one complete */
+    if (mine < 3) FAILF("only %d progress events for a 10-chunk drip", mine);
+    REQUIRE(lastev != NULL);
+    CHECK_EQ_INT(lastev->received, 1000);
+    CHECK_EQ_INT(lastev->expected, 1000);
+    pthread_mutex_unlock(&log->mu);
+
+    netrec_clear(&n);
+    netrec_clear(&quiet);
+    CHECK_OK(fq_engine_set_event_fn(e, NULL, NULL));
+    fqt_engine_free(e);
+    pthread_mutex_destroy(&log->mu);
+    free(log);
+    fqt_server_stop(&s);
+}
+
+/* ------------------------------------------------------------------ */
+/* JSONTestSuite over HTTP                                              */
+
+typedef struct {
+    char name[256];
+    fq_op_id id;
+    netrec n;
+} suite_file;
+
+static int cmp_names(const void *a, const void *b) {
+    return strcmp(((const suite_file *)a)->name, ((const suite_file *)b)->name);
+}
+
+TEST_T(http_jsontestsuite_files, 180) {
+    const char *dir = fqt_jsontestsuite_dir();
+    REQUIRE(dir != NULL);
+    DIR *d = opendir(dir);
+    REQUIRE(d != NULL);
+    int cap = 1024, nf = 0;
+    suite_file *files = calloc((size_t)cap, sizeof *files);
+    REQUIRE(files != NULL);
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        const char *nm = de->d_name;
+        size_t l = strlen(nm);
+        if (nm[0] == '.' || l < 6 || strcmp(nm + l - 5, ".json") != 0) continue;
+        if (nf == cap) {
+            FAILF("more than %d files in %s", cap, dir);
+            break;
+        }
+        snprintf(files[nf++].name, sizeof files[0].name, "%s", nm);
+    }
+    closedir(d);
+    qsort(files, (size_t)nf, sizeof *files, cmp_names);
+    REQUIRE(nf > 0);
+    h_note("%d files from %s", nf, dir);
+
+    fqt_server s;
+    fqt_server_start(&s, dir);
+    fq_engine *e = fqt_engine("{\"max_per_host\": 8}");
+    fq_queue *q = fqt_queue(e, "q", 8);
+    const char *opts = "{\"parse\": \"json\", \"max_json_depth\": 100000}";
+    for (int i = 0; i < nf; i++) {
+        char enc[800], url[1024];
+        snprintf(url, sizeof url, "%s/file/%s", s.base, fqt_pct(files[i].name, enc, sizeof enc));
+        files[i].id = submit_url(q, NULL, url, opts, &files[i].n);
+        if (files[i].id <= 0) FAILF("%s: not submitted", files[i].name);
+    }
+    int rc = fq_engine_wait_idle(e, h_scaled_ms(120000));
+    CHECK_OK(rc);
+
+    int total = 0, y = 0, nn = 0, ii = 0;
+    for (int i = 0; i < nf; i++) {
+        const char *nm = files[i].name;
+        netrec *r = &files[i].n;
+        int calls = atomic_load(&r->r.calls);
+        total += calls;
+        if (calls != 1) {
+            FAILF("%s: %d callbacks", nm, calls);
+            continue;
+        }
+        if (r->r.id != files[i].id)
+            FAILF("%s: callback for op %lld, submitted as %lld", nm, (long long)r->r.id,
+                  (long long)files[i].id);
+        if (r->r.outcome != FQ_CANCELLED && r->http_status != 200)
+            FAILF("%s: http status %ld", nm, r->http_status);
+        if (strcmp(nm, "y_object_escaped_null_in_key.json") == 0) {
+            /* jansson cannot hold a NUL in an object key */
+            if (r->r.outcome != FQ_FAILED || r->r.status != FQ_ERR_PARSE)
+                FAILF("%s: outcome %d status %d, expected FAILED/FQ_ERR_PARSE (%s)", nm,
+                      r->r.outcome, r->r.status, r->r.error);
+            y++;
+        } else if (nm[0] == 'y') {
+            if (r->r.outcome != FQ_SUCCEEDED)
+                FAILF("%s: outcome %d status %d, expected SUCCEEDED (%s)", nm, r->r.outcome,
+                      r->r.status, r->r.error);
+            else {
+                /* the value is what jansson makes of the same bytes */
+                json_t *want = json_loadb((const char *)r->body, r->body_len,
+                                          JSON_DECODE_ANY | JSON_ALLOW_NUL, NULL);
+                if (want && !json_equal(want, r->r.value))
+                    FAILF("%s: the value differs from jansson's parse of the body", nm);
+                json_decref(want);
+            }
+            y++;
+        } else if (nm[0] == 'n') {
+            if (r->r.outcome != FQ_FAILED || r->r.status != FQ_ERR_PARSE)
+                FAILF("%s: outcome %d status %d, expected FAILED/FQ_ERR_PARSE (%s)", nm,
+                      r->r.outcome, r->r.status, r->r.error);
+            nn++;
+        } else {
+            if (r->r.outcome == FQ_CANCELLED)
+                FAILF("%s: cancelled (%s)", nm, r->r.error);
+            else if (r->r.outcome == FQ_FAILED && r->r.status != FQ_ERR_PARSE)
+                FAILF("%s: failed with %d, expected success or FQ_ERR_PARSE (%s)", nm,
+                      r->r.status, r->r.error);
+            ii++;
+        }
+    }
+    CHECK_EQ_INT(total, nf);
+    CHECK_EQ_INT(y + nn + ii, nf);
+    CHECK_EQ_INT(fqt_stat(e, "submitted", -1), nf);
+    CHECK_EQ_INT(fqt_server_stat(&s, "requests"), nf);
+    h_note("%d y_, %d n_, %d i_", y, nn, ii);
+    for (int i = 0; i < nf; i++) netrec_clear(&files[i].n);
+    free(files);
+    fqt_engine_free(e);
+    fqt_server_stop(&s);
+}
