@@ -19,9 +19,18 @@
  *    library takes the caller's reference, also when the call fails).
  *    Input objects that are only read (config, options) are borrowed for the
  *    duration of the call; the library copies what it keeps.
- *  - Configuration and options are JSON objects. An unknown key or a value
- *    of the wrong type is an error (FQ_ERR_INVALID with a message); nothing
- *    is silently ignored. NULL means "no options".
+ *  - Configuration and options are JSON objects. An unknown key, a value of
+ *    the wrong type (a real where an integer is expected included) or out of
+ *    its range is an error (FQ_ERR_INVALID with a message); nothing is
+ *    silently ignored. NULL means "no options". Ranges: max_wait_ms, aging_ms,
+ *    timeout_ms 0..86400000; connect_timeout_ms 0..3600000; max_redirects
+ *    0..100; max_response_bytes 1..2^40; max_json_depth 1..100000;
+ *    progress_interval_ms 0..60000; retry max 0..100, base 0..3600 s,
+ *    max_delay 0..86400 s; rate per_second 0.001..1e6, burst 1..1e6; cache
+ *    max_bytes 0..2^40; workers 1..256; history 0..1000000; max_per_host
+ *    1..1024.
+ *  - Accessors given a NULL handle return 0, false or NULL; fq_op_get_id(),
+ *    fq_result_status() and fq_event_progress() return FQ_ERR_INVALID.
  *  - Threading: every function may be called from any thread unless its
  *    comment says otherwise. Callbacks are never called while the library
  *    holds a lock, so a callback may call back into the library (submit,
@@ -201,15 +210,18 @@ fq_engine *fq_engine_new(const json_t *config, char *errbuf, size_t errlen);
  * mode, on this thread), stops the threads and releases everything, queues
  * included (their handles become invalid). Returns FQ_OK, or FQ_ERR_STATE
  * without doing anything when called from a callback or an operation body of
- * this engine. NULL is a no-op returning FQ_OK. While it runs, submits from
- * callbacks fail with FQ_ERR_SHUTDOWN. */
+ * this engine. NULL is a no-op returning FQ_OK. While it runs, submits and
+ * fq_queue_new() from callbacks and operation bodies fail with
+ * FQ_ERR_SHUTDOWN (fq_queue_new returns NULL). */
 int fq_engine_free(fq_engine *engine);
 
 /* Waits until every operation submitted to the engine has finished and its
  * callback has returned. timeout_ms < 0 waits forever. Returns FQ_OK or
  * FQ_ERR_TIMEOUT; FQ_ERR_STATE when called from a callback or operation body
  * in thread delivery mode (it would wait for itself). In poll mode it runs
- * the callbacks on the calling thread while it waits. */
+ * the callbacks on the calling thread while it waits (with timeout_ms 0 it
+ * does not wait but still runs the callbacks already waiting); from a
+ * callback it returns FQ_ERR_STATE in poll mode too. */
 int fq_engine_wait_idle(fq_engine *engine, int timeout_ms);
 
 /* Log lines: `level` is one of the FQ_LOG_* values, `message` BORROWED for
@@ -222,7 +234,9 @@ typedef enum fq_log_level {
 typedef void (*fq_log_fn)(int level, const char *message, void *userdata);
 
 /* Sends the engine's log lines (at config "log"'s level and above) to `fn`
- * instead of standard error; NULL restores standard error. */
+ * instead of standard error; NULL restores standard error. `fn` is never
+ * called with a library lock held and may call any fq_ function except
+ * fq_engine_free() (FQ_ERR_STATE). */
 int fq_engine_set_log_fn(fq_engine *engine, fq_log_fn fn, void *userdata);
 
 /* Counters, NEW reference (NULL for a NULL engine):
@@ -294,7 +308,8 @@ int fq_queue_wait(fq_queue *queue, int timeout_ms);
  *                or is cancelled it ends FQ_CANCELLED with status
  *                FQ_ERR_DEPENDENCY and a message naming that id. An unknown
  *                id, or one that finished longer ago than config "history"
- *                remembers, fails the submit with FQ_ERR_NOT_FOUND.
+ *                remembers, fails the submit with FQ_ERR_NOT_FOUND. An id may
+ *                appear more than once (it counts once).
  *   "barrier"    true: starts only after everything submitted to the queue
  *                before it has finished, and nothing submitted after it
  *                starts before it has finished.
@@ -347,7 +362,8 @@ fq_op_id fq_submit_async(fq_queue *queue, fq_async_fn fn, const json_t *options,
  *                says fq_result_from_cache(); then the server is asked and the
  *                completion — still exactly once — carries the fresh answer,
  *                or the failure with the stale value as fq_result_value()).
- *                Coalesced callers share the first caller's mode;
+ *                Coalesced callers share the first caller's mode; a caller
+ *                joins only a transfer with the same "max_wait_ms";
  *                "only-if-cached" and "stale-while-revalidate" never coalesce.
  * They run at most config "max_per_host" at once per host:port (across
  * queues; operations for a busy host never hold back other hosts). A failed
@@ -408,8 +424,9 @@ fq_op_id fq_submit_search(fq_queue *queue, const char *query, const json_t *opti
  *                  false: a failing query gives a partial result);
  *   "child_events" true: an FQ_EVENT_CHILD event (fq_engine_set_event_fn) as
  *                  each child ends, before the parent's callback.
- * "barrier" is not supported (FQ_ERR_INVALID). In fq_engine_stats a
- * search-all counts as n + 1 operations. */
+ * "barrier" is not supported (FQ_ERR_INVALID). n must be >= 1; `queries`
+ * NULL or holding a NULL is FQ_ERR_INVALID. In fq_engine_stats a search-all
+ * counts as n + 1 operations. */
 fq_op_id fq_submit_search_all(fq_queue *queue, const char *const *queries, size_t n,
                               const json_t *options, fq_completion_fn done, void *userdata);
 
@@ -430,7 +447,9 @@ typedef void (*fq_event_fn)(const fq_event *event, void *userdata);
 
 /* Sets (or with fn == NULL clears) the engine's event function. Events
  * already queued are delivered to the function that was set when they
- * happened. */
+ * happened. Like completion callbacks, it is never called with a library
+ * lock held and may call any fq_ function except fq_engine_free()
+ * (FQ_ERR_STATE). */
 int fq_engine_set_event_fn(fq_engine *engine, fq_event_fn fn, void *userdata);
 
 fq_op_id fq_event_op_id(const fq_event *event);
@@ -461,16 +480,19 @@ fq_op_id fq_op_get_id(const fq_op *op);
 bool fq_op_is_cancelled(const fq_op *op);
 
 /* Block operations, during their body: the operation will end FQ_FAILED with
- * status FQ_ERR_OPERATION and this message (copied). Any returned value is
- * then discarded. */
+ * status FQ_ERR_OPERATION and this message (copied; NULL gives a generic
+ * message; called again, the last message wins). Any returned value is then
+ * discarded. FQ_ERR_STATE for an async operation's handle. */
 int fq_op_set_error(fq_op *op, const char *message);
 
 /* Async operations: ends the operation, exactly once, from any thread.
  * `value` is STOLEN (NULL for none). error == NULL: FQ_SUCCEEDED with value;
  * otherwise FQ_FAILED with FQ_ERR_OPERATION and this message (copied; value
  * discarded). If the operation was cancelled meanwhile it ends FQ_CANCELLED.
- * After it returns `op` is invalid. Returns FQ_ERR_STATE (and releases
- * `value`) for a block operation's handle. */
+ * `op` stays valid until fq_op_finish() has been called and the start
+ * function has returned; a second fq_op_finish() in that time returns
+ * FQ_ERR_STATE (and releases `value`); after that `op` is invalid. Returns
+ * FQ_ERR_STATE (and releases `value`) for a block operation's handle. */
 int fq_op_finish(fq_op *op, json_t *value, const char *error);
 
 /* The value of a dependency named in "depends_on" (data passing down a
@@ -552,8 +574,9 @@ void fq_store_free(fq_store *store);
  * searches). NULL on error (fq_last_error()). */
 json_t *fq_store_items(fq_store *store, const char *collection, const char *sort, bool descending);
 
-/* The item whose id is the JSON string `id`. *item gets a NEW reference, or
- * NULL when there is none (FQ_OK either way). */
+/* The item whose id is the JSON string `id` (for ids of other types see
+ * fq_store_get_json). *item gets a NEW reference, or NULL when there is none
+ * (FQ_OK either way). */
 int fq_store_get(fq_store *store, const char *collection, const char *id, json_t **item);
 
 /* The same for an id of any JSON type (BORROWED), e.g. a number. */
@@ -563,7 +586,8 @@ int fq_store_get_json(fq_store *store, const char *collection, const json_t *id,
 int64_t fq_store_count(fq_store *store, const char *collection);
 
 /* Upserts an array of objects (BORROWED) by the id at the JSON Pointer
- * `id_pointer`, in one transaction (all or nothing). `merge` is "overwrite"
+ * `id_pointer` (required), in one transaction (all or nothing: an element
+ * that is not an object is FQ_ERR_INVALID and nothing is written). `merge` is "overwrite"
  * or "keep-local" (NULL: overwrite). If `report` is not NULL it gets a NEW
  * {"inserted", "updated", "unchanged", "skipped"} object. */
 int fq_store_upsert(fq_store *store, const char *collection, const json_t *items,

@@ -49,7 +49,7 @@ public func fq_engine_wait_idle(_ handle: OpaquePointer?, _ timeoutMs: Int32) ->
     let s = e.waitIdle(timeoutMs: Int(timeoutMs))
     return s == .ok ? s.rawValue : fail(s, s == .timeout
         ? "timed out waiting for the engine to become idle"
-        : "fq_engine_wait_idle cannot be called from a callback or an operation body in thread delivery mode")
+        : "fq_engine_wait_idle cannot be called from a callback or an operation body of the same engine")
 }
 
 @c @implementation

@@ -46,5 +46,5 @@ public func fq_queue_wait(_ handle: OpaquePointer?, _ timeoutMs: Int32) -> Int32
     let s = q.wait(timeoutMs: Int(timeoutMs))
     return s == .ok ? s.rawValue : fail(s, s == .timeout
         ? "timed out waiting for queue \"\(q.name)\""
-        : "fq_queue_wait cannot be called from a callback or an operation body in thread delivery mode")
+        : "fq_queue_wait cannot be called from a callback or an operation body of the same engine")
 }

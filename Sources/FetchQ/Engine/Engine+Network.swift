@@ -157,6 +157,7 @@ extension Engine {
         let callers: [Operation] = lock.withLock {
             shared.done = true
             if coalesced[shared.key] === shared { coalesced[shared.key] = nil }
+            defer { shared.callers = [] }  // callers point at `shared`: no cycle left behind
             return shared.callers
         }
         for caller in callers {

@@ -134,9 +134,12 @@ extension Engine {
     /// it can be (no dependencies, no barrier), else queued on its own.
     func enqueueNetwork(_ job: NetworkJob, queue: QueueID, common: CommonOptions,
                                 completion: Completion?) throws(FetchQError) -> OpID {
-        guard let key = job.coalesceKey, common.dependsOn.isEmpty, !common.barrier else {
+        // The transfer's max_wait_ms is part of what is shared: callers join
+        // only a transfer with the same limit.
+        guard let jobKey = job.coalesceKey, common.dependsOn.isEmpty, !common.barrier else {
             return try enqueue(.network(job), queue: queue, common: common, host: job.host, completion: completion)
         }
+        let key = jobKey + " max_wait_ms=\(common.maxWaitMs)"
         let now = monotonicNanos()
         lock.lock()
         guard !shuttingDown else {

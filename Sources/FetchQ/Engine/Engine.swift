@@ -229,8 +229,11 @@ public final class Engine: @unchecked Sendable {
                     shared.done = true
                     if coalesced[shared.key] === shared { coalesced[shared.key] = nil }
                     for caller in shared.callers {
-                        actions += endAttached(caller, outcome, status, message, &work)
+                        // Each caller's own id in its message, not the internal carrier's.
+                        let own = message.replacing("operation \(id) ", with: "operation \(caller.id) ")
+                        actions += endAttached(caller, outcome, status, own, &work)
                     }
+                    shared.callers = []
                     continue
                 }
                 let result = OperationResult(id: id, outcome: outcome, status: status, message: message, value: nil)
@@ -242,6 +245,7 @@ public final class Engine: @unchecked Sendable {
                 if let shared = op.shared {
                     // A coalesced caller detaches; the last one out cancels the transfer.
                     shared.callers.removeAll { $0 === op }
+                    op.shared = nil
                     actions += endAttached(op, .cancelled, .cancelled, "operation \(id) was cancelled", &work)
                     if shared.callers.isEmpty && !shared.done {
                         if coalesced[shared.key] === shared { coalesced[shared.key] = nil }

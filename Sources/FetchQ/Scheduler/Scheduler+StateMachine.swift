@@ -249,7 +249,8 @@ struct SchedulerStateMachine<Payload> {
             return .failure(FetchQError(.invalid, "the queue has been freed"))
         }
         var deps: [OpID] = []
-        for dep in spec.dependsOn where !deps.contains(dep) {
+        var seen = Set<OpID>()
+        for dep in spec.dependsOn where seen.insert(dep).inserted {
             guard ops[dep] != nil || history[dep] != nil else {
                 return .failure(FetchQError(.notFound, Self.unknownMessage(dep, nextOpID: nextOpID, history: config.history)))
             }
