@@ -21,7 +21,7 @@ CFLAGS_TEST := -std=c11 -O1 -g -Wall -Wextra -Werror -D_GNU_SOURCE -I$(BUILD)/in
 LDFLAGS_TEST := -L$(BUILD)/lib -lfetchq -ljansson -lpthread -Wl,-rpath,$(BUILD)/lib
 
 APT_PACKAGES := libjansson-dev libcurl4-openssl-dev libsqlite3-dev pkg-config python3-pip openssl
-.PHONY: all deps lib test test-swift test-c test-exports test-python test-examples test-install test-docs test-cli demo install uninstall clean
+.PHONY: all deps lib test test-swift test-c test-exports test-python test-examples test-install test-docs test-cli test-stress-short stress demo install uninstall clean
 
 all: lib
 
@@ -51,7 +51,7 @@ lib: deps
 
 # Every suite; each prints its own summary. Runs them all even if one fails,
 # then fails if any did.
-TEST_SUITES := test-exports test-c test-swift test-support test-install test-docs test-cli $(if $(wildcard bindings/python/tests),test-python) \
+TEST_SUITES := test-exports test-c test-stress-short test-swift test-support test-install test-docs test-cli $(if $(wildcard bindings/python/tests),test-python) \
 	$(if $(wildcard tools/run-examples.sh),test-examples)
 test: lib
 	@failed=""; for t in $(TEST_SUITES); do \
@@ -93,6 +93,20 @@ test-c: $(BUILD)/tests/c_harness
 
 test-exports: lib
 	bash Tests/c/check_exports.sh $(BUILD)/lib/libfetchq.so include/fetchq.h
+
+# 1 000 000 mixed operations (block, async, requests, searches; cancels,
+# groups, dependencies, suspends, failures, timeouts, retries): every op gets
+# exactly one plausible callback, the stats add up, memory returns. The short
+# run (50 000 ops) is part of make test.
+$(BUILD)/tools/stress: lib tools/stress.c
+	@mkdir -p $(BUILD)/tools
+	$(CC) $(CFLAGS_TEST) -O2 tools/stress.c $(LDFLAGS_TEST) -o $@
+
+stress: $(BUILD)/tools/stress
+	bash tools/stress.sh
+
+test-stress-short: $(BUILD)/tools/stress
+	FQ_STRESS_TIMEOUT=120 bash tools/stress.sh --ops 50000
 
 # Every code block in README.md and docs/*.md is compiled or run.
 test-docs: lib
