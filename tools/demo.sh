@@ -67,5 +67,23 @@ say "running: build/examples/search_tags $URL${*:+ $*}"
 status=0
 "$EXE" "$URL" "$@" || status=$?
 
-say "stopping the server (pid $server_pid); example exit status $status"
+# The same job from the shell: the fetchq CLI, merged and sorted. Its
+# progress bar shows on stderr when that is a terminal.
+CLI=$BUILD/bin/fetchq
+if [ -x "$CLI" ]; then
+    tags=("$@")
+    [ ${#tags[@]} -gt 0 ] || tags=(swift rust go concurrency security)
+    say "the CLI: fetchq search --merged ${tags[*]} (the 5 newest of the merged items)"
+    cli_status=0
+    "$CLI" search --url "$URL/search?q={query}&rpp=50" --results /results --id /id \
+        --sort /created_at --order desc --concurrency 2 --merged "${tags[@]}" >"$WORK/cli.jsonl" || cli_status=$?
+    head -n 5 "$WORK/cli.jsonl" | cut -c1-160
+    echo "    ... $(wc -l <"$WORK/cli.jsonl") merged items as JSON lines (exit status $cli_status)"
+    [ "$cli_status" -eq 0 ] || status=$cli_status
+else
+    echo "demo: $CLI is missing (make lib builds it)" >&2
+    status=1
+fi
+
+say "stopping the server (pid $server_pid); exit status $status"
 exit "$status"
