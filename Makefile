@@ -20,7 +20,7 @@ SWIFT_RELEASE_FLAGS := -c release -Xswiftc -static-stdlib \
 CFLAGS_TEST := -std=c11 -O1 -g -Wall -Wextra -Werror -D_GNU_SOURCE -I$(BUILD)/include
 LDFLAGS_TEST := -L$(BUILD)/lib -lfetchq -ljansson -lpthread -Wl,-rpath,$(BUILD)/lib
 
-APT_PACKAGES := libjansson-dev libcurl4-openssl-dev libsqlite3-dev pkg-config python3-pip openssl
+APT_PACKAGES := libjansson-dev libcurl4-openssl-dev libsqlite3-dev pkg-config python3-pip openssl nginx-light
 .PHONY: all deps lib test test-swift test-c test-exports test-python test-examples test-install test-docs test-cli test-stress-short stress demo install uninstall clean
 
 all: lib

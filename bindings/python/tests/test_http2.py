@@ -1,0 +1,112 @@
+"""HTTP/2 where the server offers it: nginx (Debian's package) with TLS and
+http2 on 127.0.0.1, fetched through the engine. Missing nginx or openssl
+fails the test (CI installs both); it is never skipped."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterator, Tuple
+
+import pytest
+
+import fetchq
+from conftest import TIMEOUT
+
+BODY = '{"served_by": "nginx", "items": [1, 2, 3]}'
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def nginx_h2() -> Iterator[Tuple[str, str]]:
+    nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
+    if nginx is None:
+        pytest.fail("nginx not found: install the nginx-light package (CI does)")
+    if shutil.which("openssl") is None:
+        pytest.fail("openssl not found: install the openssl package (CI does)")
+    d = Path(tempfile.mkdtemp(prefix="fetchq-h2-"))
+    cert, key = d / "cert.pem", d / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-days", "1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    port = free_port()
+    (d / "nginx.conf").write_text("""
+daemon off;
+master_process off;
+worker_processes 1;
+pid %(d)s/nginx.pid;
+error_log %(d)s/error.log;
+events { worker_connections 64; }
+http {
+    access_log off;
+    client_body_temp_path %(d)s/body;
+    proxy_temp_path %(d)s/proxy;
+    fastcgi_temp_path %(d)s/fastcgi;
+    uwsgi_temp_path %(d)s/uwsgi;
+    scgi_temp_path %(d)s/scgi;
+    server {
+        listen 127.0.0.1:%(port)d ssl http2;
+        ssl_certificate %(cert)s;
+        ssl_certificate_key %(key)s;
+        location / {
+            default_type application/json;
+            return 200 '%(body)s';
+        }
+    }
+}
+""" % {"d": d, "port": port, "cert": cert, "key": key, "body": BODY})
+    proc = subprocess.Popen([nginx, "-p", str(d), "-c", str(d / "nginx.conf")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail("nginx exited: %s" % proc.stderr.read().decode(errors="replace") if proc.stderr else "")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            time.sleep(0.05)
+    else:
+        proc.kill()
+        pytest.fail("nginx did not start listening on %d" % port)
+    try:
+        yield "https://127.0.0.1:%d" % port, str(cert)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_http2_is_used_when_the_server_offers_it(nginx_h2: Tuple[str, str]) -> None:
+    base, cert = nginx_h2
+    with fetchq.Engine(ca_file=cert) as engine:
+        q = engine.queue("h2", max_concurrent=8)
+        futures = [q.request("GET", base + "/items?i=%d" % i) for i in range(8)]
+        responses = [f.result(timeout=TIMEOUT) for f in futures]
+    assert all(r.status == 200 for r in responses)
+    assert all(r.json() == {"served_by": "nginx", "items": [1, 2, 3]} for r in responses)
+    assert {r.metrics["http_version"] for r in responses} == {"2"}
+    # Multiplexed: eight requests over (much) fewer connections than eight.
+    assert sum(1 for r in responses if not r.metrics["reused_connection"]) < 8
+
+
+def test_the_self_signed_certificate_is_refused_without_its_ca(nginx_h2: Tuple[str, str]) -> None:
+    base, _ = nginx_h2
+    with fetchq.Engine() as engine:
+        with pytest.raises(fetchq.TLSError):
+            engine.queue("h2-default").request("GET", base + "/").result(timeout=TIMEOUT)
