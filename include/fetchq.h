@@ -164,7 +164,13 @@ typedef void (*fq_async_fn)(fq_op *op, void *userdata);
  *                   level, and another each further aging_ms, so low
  *                   priority work is never starved (default 1000; 0 = off)
  *   "history"       how many finished operations stay known for depends_on
- *                   and fq_op_dependency_result (default 4096, 0..1000000)
+ *                   (default 4096, 0..1000000)
+ *   "history_values" how many of the newest finished network operations
+ *                   (requests, searches) keep their value — a parsed response
+ *                   — for an operation that depends on one after it finished
+ *                   (default 256); block and async operations keep theirs for
+ *                   all of "history". Dependencies that finish after the
+ *                   dependent was submitted always pass their value
  *   "max_per_host"  network operations running at once per host:port across
  *                   all queues (default 6, 1..1024)
  *   "connect_timeout_ms" (default 10000), "timeout_ms" total per request
@@ -365,6 +371,7 @@ fq_op_id fq_submit_async(fq_queue *queue, fq_async_fn fn, const json_t *options,
  *                Coalesced callers share the first caller's mode; a caller
  *                joins only a transfer with the same "max_wait_ms";
  *                "only-if-cached" and "stale-while-revalidate" never coalesce.
+ *                Only responses that carry Cache-Control or Expires are stored.
  * They run at most config "max_per_host" at once per host:port (across
  * queues; operations for a busy host never hold back other hosts). A failed
  * transfer ends FQ_FAILED with FQ_ERR_TIMEOUT, FQ_ERR_NETWORK,

@@ -31,10 +31,11 @@ final class Delivery: @unchecked Sendable {
     private var stopping = false
     private var thread: pthread_t?
     private let owner: UInt
-    /// Called after each callback has returned.
-    private let delivered: @Sendable (Item) -> Void
+    /// Called after a batch of callbacks has returned, with the queue of
+    /// each completion in it (events are not counted).
+    private let delivered: @Sendable ([QueueID]) -> Void
 
-    init(mode: Mode, owner: UnsafeRawPointer, delivered: @escaping @Sendable (Item) -> Void) throws(FetchQError) {
+    init(mode: Mode, owner: UnsafeRawPointer, delivered: @escaping @Sendable ([QueueID]) -> Void) throws(FetchQError) {
         self.mode = mode
         self.owner = UInt(bitPattern: owner)
         self.delivered = delivered
@@ -70,18 +71,24 @@ final class Delivery: @unchecked Sendable {
         _ = read(eventFD, &count, 8)
     }
 
-    private func call(_ item: Item) {
+    /// Runs one item's callback; returns the queue of a completion.
+    private func call(_ item: Item) -> QueueID? {
         switch item {
-        case .completion(let result, let completion, _):
+        case .completion(let result, let completion, let queue):
             completion?(result)
-            delivered(item)
+            return queue
         case .event(let event, let handler):
             handler(event)
+            return nil
         }
     }
 
+    /// Takes everything waiting in one lock round trip, runs the callbacks in
+    /// order, then reports the batch once.
     private func run() {
         fqs_set_current_engine(UnsafeRawPointer(bitPattern: owner))
+        var batch: [Item] = []
+        var queues: [QueueID] = []
         while true {
             lock.lock()
             while items.isEmpty && !stopping { lock.wait(until: nil) }
@@ -89,9 +96,14 @@ final class Delivery: @unchecked Sendable {
                 lock.unlock()
                 return
             }
-            let item = items.removeFirst()
+            while !items.isEmpty { batch.append(items.removeFirst()) }
             lock.unlock()
-            call(item)
+            for item in batch {
+                if let queue = call(item) { queues.append(queue) }
+            }
+            batch.removeAll(keepingCapacity: true)
+            if !queues.isEmpty { delivered(queues) }
+            queues.removeAll(keepingCapacity: true)
         }
     }
 
@@ -101,22 +113,19 @@ final class Delivery: @unchecked Sendable {
         let previous = fqs_current_engine()
         fqs_set_current_engine(UnsafeRawPointer(bitPattern: owner))
         defer { fqs_set_current_engine(previous) }
-        var ran = 0
         // Only what waits now: callbacks that post more do not extend this call.
-        let limit = lock.withLock { max > 0 ? Swift.min(max, items.count) : items.count }
-        while ran < limit {
-            lock.lock()
-            guard !items.isEmpty else {
-                lock.unlock()
-                break
-            }
-            let item = items.removeFirst()
+        var batch: [Item] = []
+        lock.withLock {
+            let limit = max > 0 ? Swift.min(max, items.count) : items.count
+            for _ in 0..<limit { batch.append(items.removeFirst()) }
             if items.isEmpty { drainFD() }
-            lock.unlock()
-            call(item)
-            ran += 1
         }
-        return ran
+        var queues: [QueueID] = []
+        for item in batch {
+            if let queue = call(item) { queues.append(queue) }
+        }
+        if !queues.isEmpty { delivered(queues) }
+        return batch.count
     }
 
     var waiting: Int { lock.withLock { items.count } }

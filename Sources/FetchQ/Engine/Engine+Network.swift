@@ -89,6 +89,10 @@ extension Engine {
         if cancelledMeanwhile { transport.cancel(transfer) }
     }
 
+    static func isCachingHeader(_ name: String) -> Bool {
+        name.utf8.count == 13 ? name.lowercased() == "cache-control" : name.utf8.count == 7 && name.lowercased() == "expires"
+    }
+
     /// A transfer ended: retry it, or turn it into the result(s).
     func transferEnded(_ op: Operation, _ job: NetworkJob, _ outcome: Result<HTTPResponse, TransportError>,
                                cache context: CacheContext?, fromCache: Bool = false) {
@@ -103,7 +107,10 @@ extension Engine {
                 revalidated.metrics = response.metrics
                 outcome = .success(revalidated)
                 fromCache = true
-            } else {
+            } else if response.headers.contains(where: { Self.isCachingHeader($0.name) }) {
+                // Only responses that say how to cache them (Cache-Control or
+                // Expires) are offered to the cache: storing every response
+                // with just a validator cost every request a copy of its body.
                 cache.store(context.key, status: response.status, headers: response.headers, body: response.body,
                             requestCacheControl: context.requestCacheControl, now: now)
             }
@@ -150,7 +157,7 @@ extension Engine {
                                          message: (result.message ?? "") + " (the stale cached value is kept as the value)",
                                          value: cached.value, http: result.http)
             }
-            finishRunning(op, result)
+            finishRunning(op, result, onWorker: true)
             return
         }
         // A shared transfer: every caller still attached gets its own result.
@@ -165,7 +172,7 @@ extension Engine {
             let queueWaitMs = Double(op.startedAt > caller.submittedAt ? op.startedAt - caller.submittedAt : 0) / 1e6
             workers.submit(qos: caller.qos) { [self, outcome, fromCache] in
                 finishRunning(caller, callerJob.result(id: caller.id, outcome, queueWaitMs: queueWaitMs, attempts: attempts,
-                                                       cancelled: caller.isCancelled, fromCache: fromCache))
+                                                       cancelled: caller.isCancelled, fromCache: fromCache), onWorker: true)
             }
         }
         let ok = (try? outcome.get()) != nil

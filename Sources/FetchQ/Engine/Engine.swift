@@ -52,6 +52,7 @@ public final class Engine: @unchecked Sendable {
             agingNanos: UInt64(config.agingMs) * 1_000_000,
             maxPerHost: config.maxPerHost,
             history: config.history,
+            historyValues: min(config.historyValues, config.history),
             rateLimits: config.rateLimits.mapValues { .init(perSecond: $0.perSecond, burst: $0.burst) }))
         let owner = selfPointer
         delivery = try Delivery(mode: config.delivery, owner: owner) { [unowned self] item in
@@ -175,6 +176,8 @@ public final class Engine: @unchecked Sendable {
         case abort(CurlTransport, TransferID)
         /// Something is due later (a rate-limit token): re-arm the timer.
         case kickTimer
+        /// Values dropped from history: released after unlocking.
+        case release([OperationResult])
     }
 
     /// Applies an event to the state machine under the lock, then carries out
@@ -257,6 +260,8 @@ public final class Engine: @unchecked Sendable {
             }
         }
         if machine.waitsForTokens { work.append(.kickTimer) }
+        let released = machine.takeReleased()
+        if !released.isEmpty { work.append(.release(released)) }
     }
 
     /// With the lock held: ends a coalesced caller that has not got its result.
@@ -297,25 +302,32 @@ public final class Engine: @unchecked Sendable {
         return actions
     }
 
-    func execute(_ work: [Work]) {
+    /// Carries out work after unlocking. `selfPickup`: called by a worker
+    /// at the end of its job, which will take the first worker job queued
+    /// here itself, so nobody else needs waking for it.
+    func execute(_ work: [Work], selfPickup: Bool = false) {
+        var selfPickup = selfPickup
         for item in work {
             switch item {
-            case .start(let op): start(op)
+            case .start(let op):
+                start(op, selfPickup: selfPickup)
+                if case .network = op.body {} else { selfPickup = false }
             case .abort(let transport, let transfer): transport.cancel(transfer)
             case .kickTimer: timer.kick()
+            case .release: break  // the values are freed as this work list goes
             }
         }
     }
 
-    func start(_ op: Operation) {
+    func start(_ op: Operation, selfPickup: Bool = false) {
         switch op.body {
         case .block(let body):
-            workers.submit(qos: op.qos) { [self] in
+            workers.submit(qos: op.qos, wake: !selfPickup) { [self] in
                 let value = body(op)
-                if op.claimFinish() { bodyEnded(op, value: value, error: op.errorMessage) }
+                if op.claimFinish() { bodyEnded(op, value: value, error: op.errorMessage, onWorker: true) }
             }
         case .async(let body):
-            workers.submit(qos: op.qos) { body(op) }
+            workers.submit(qos: op.qos, wake: !selfPickup) { body(op) }
         case .network(let job):
             startTransfer(op, job)
         }
@@ -323,7 +335,7 @@ public final class Engine: @unchecked Sendable {
 
 
     /// A running operation's body ended (block returned, async finished).
-    func bodyEnded(_ op: Operation, value: JSONRef?, error: String?) {
+    func bodyEnded(_ op: Operation, value: JSONRef?, error: String?, onWorker: Bool = false) {
         let result: OperationResult
         if op.isCancelled {
             result = OperationResult(id: op.id, outcome: .cancelled, status: .cancelled,
@@ -333,11 +345,12 @@ public final class Engine: @unchecked Sendable {
         } else {
             result = OperationResult(id: op.id, outcome: .succeeded, status: .ok, message: nil, value: value)
         }
-        finishRunning(op, result)
+        finishRunning(op, result, onWorker: onWorker)
     }
 
-    /// Books a running operation's result and delivers it.
-    func finishRunning(_ op: Operation, _ result: OperationResult) {
+    /// Books a running operation's result and delivers it. `onWorker`: called
+    /// by a worker at the end of its job (see `execute`).
+    func finishRunning(_ op: Operation, _ result: OperationResult, onWorker: Bool = false) {
         lock.lock()
         let state = machine.state(of: op.id)
         guard state == .running || state == .attached else {
@@ -366,17 +379,20 @@ public final class Engine: @unchecked Sendable {
         if result.outcome == .failed {
             logger.info("operation failed", metadata: ["id": "\(op.id)", "status": "\(result.status)", "error": "\(result.message ?? "")"])
         }
-        execute(work)
+        execute(work, selfPickup: onWorker)
     }
 
     /// After a callback returned.
-    func delivered(_ item: Delivery.Item) {
-        guard case .completion(_, _, let queue) = item else { return }
+    func delivered(_ queues: [QueueID]) {
         lock.lock()
-        let left = outstanding[queue, default: 1] - 1
-        outstanding[queue] = left == 0 ? nil : left
-        outstandingTotal -= 1
-        let wake = left == 0 || outstandingTotal == 0
+        var wake = false
+        for queue in queues {
+            let left = outstanding[queue, default: 1] - 1
+            outstanding[queue] = left == 0 ? nil : left
+            if left == 0 { wake = true }
+        }
+        outstandingTotal -= queues.count
+        if outstandingTotal == 0 { wake = true }
         lock.unlock()
         if wake { lock.broadcast() }
     }

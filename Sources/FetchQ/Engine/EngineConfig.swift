@@ -8,6 +8,8 @@ public struct EngineConfig: Sendable {
     public var workers: Int = max(2, Int(sysconf(Int32(_SC_NPROCESSORS_ONLN))))
     public var agingMs: Int = 1000
     public var history: Int = 4096
+    /// Of those, how many keep their value (the newest).
+    public var historyValues: Int = 256
     public var maxPerHost: Int = 6
     /// "off", "critical", "error", "warning", "notice", "info", "debug",
     /// "trace"; default from FETCHQ_LOG, else "warning".
@@ -28,6 +30,7 @@ public struct EngineConfig: Sendable {
         if let n = try r.int("workers", in: 1...256) { workers = n }
         if let n = try r.int("aging_ms", in: 0...86_400_000) { agingMs = n }
         if let n = try r.int("history", in: 0...1_000_000) { history = n }
+        if let n = try r.int("history_values", in: 0...1_000_000) { historyValues = n }
         if let n = try r.int("max_per_host", in: 1...1024) { maxPerHost = n }
         if let l = try r.choice("log", LogLevelName.names.map(\.0)) { log = l }
         try network.read(&r)

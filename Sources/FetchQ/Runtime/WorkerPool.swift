@@ -26,12 +26,16 @@ final class WorkerPool: @unchecked Sendable {
         }
     }
 
-    func submit(qos: QoS, _ job: @escaping Job) {
-        lock.withLock {
+    /// Queues a job. `wake: false` is for a worker queuing work at the end
+    /// of its own job: it will take that job itself, so another worker is
+    /// woken only if more than that one job is waiting.
+    func submit(qos: QoS, wake: Bool = true, _ job: @escaping Job) {
+        let signal = lock.withLock {
             jobs[qos.rawValue].append(job)
             pending += 1
+            return wake || pending > 1
         }
-        lock.signal()
+        if signal { lock.signal() }
     }
 
     private func run() {

@@ -18,6 +18,10 @@ struct SchedulerStateMachine<Payload> {
         var maxPerHost: Int = 6
         /// Finished operations remembered for depends_on.
         var history: Int = 4096
+        /// Of those, how many network operations (the newest) keep their
+        /// value — a parsed response can be large. Other operations' values
+        /// are kept for all of `history`.
+        var historyValues: Int = 256
         /// Token buckets per host key ("host:port", "host", or "*" for any).
         var rateLimits: [String: RateLimit] = [:]
     }
@@ -175,6 +179,10 @@ struct SchedulerStateMachine<Payload> {
     private var groups: [String: Set<OpID>] = [:]
     private var history: [OpID: Finished] = [:]
     private var historyOrder = Ring<OpID>()
+    private var valueOrder = Ring<OpID>()
+    /// Values dropped from history, to be released by the runtime after it
+    /// unlocks (freeing a big parsed document must not hold the lock).
+    private(set) var released: [Payload] = []
     private var deadlines = MinHeap<OpID>()
     /// Operations in backoff, by retry time.
     private var retries = MinHeap<OpID>()
@@ -513,7 +521,8 @@ struct SchedulerStateMachine<Payload> {
                 groups[group]?.remove(id)
                 if groups[group]?.isEmpty == true { groups[group] = nil }
             }
-            remember(id, Finished(outcome: outcome, payload: outcome == .succeeded ? payload : nil, cancelled: byCancel))
+            remember(id, Finished(outcome: outcome, payload: outcome == .succeeded ? payload : nil, cancelled: byCancel),
+                     large: op.host != nil)
             for dependent in op.dependents where ops[dependent.id] != nil {
                 if dependent.edge == .strict && outcome != .succeeded {
                     let message = Self.dependencyMessage(id, outcome)
@@ -534,13 +543,38 @@ struct SchedulerStateMachine<Payload> {
         }
     }
 
-    private mutating func remember(_ id: OpID, _ finished: Finished) {
-        guard config.history > 0 else { return }
+    private mutating func remember(_ id: OpID, _ finished: Finished, large: Bool) {
+        guard config.history > 0 else {
+            if let payload = finished.payload { released.append(payload) }
+            return
+        }
+        var finished = finished
+        if finished.payload != nil && large {
+            if config.historyValues > 0 {
+                valueOrder.append(id)
+            } else {
+                released.append(finished.payload!)
+                finished.payload = nil
+            }
+        }
         history[id] = finished
         historyOrder.append(id)
-        while historyOrder.count > config.history {
-            history[historyOrder.removeFirst()] = nil
+        while valueOrder.count > config.historyValues {
+            let old = valueOrder.removeFirst()
+            if let payload = history[old]?.payload {
+                released.append(payload)
+                history[old]!.payload = nil
+            }
         }
+        while historyOrder.count > config.history {
+            if let payload = history.removeValue(forKey: historyOrder.removeFirst())?.payload { released.append(payload) }
+        }
+    }
+
+    /// Hands over the values dropped from history (see `released`).
+    mutating func takeReleased() -> [Payload] {
+        defer { released = [] }
+        return released
     }
 
     // MARK: - Ready queues
