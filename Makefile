@@ -21,7 +21,7 @@ CFLAGS_TEST := -std=c11 -O1 -g -Wall -Wextra -Werror -D_GNU_SOURCE -I$(BUILD)/in
 LDFLAGS_TEST := -L$(BUILD)/lib -lfetchq -ljansson -lpthread -Wl,-rpath,$(BUILD)/lib
 
 APT_PACKAGES := libjansson-dev libcurl4-openssl-dev libsqlite3-dev pkg-config python3-pip openssl nginx-light
-.PHONY: all deps lib test test-swift test-c test-exports test-python test-examples test-install test-docs test-cli test-stress-short stress demo install uninstall clean
+.PHONY: all deps lib test test-swift test-c test-exports test-python test-examples test-install test-docs test-cli test-stress-short stress bench demo install uninstall clean
 
 all: lib
 
@@ -107,6 +107,11 @@ stress: $(BUILD)/tools/stress
 
 test-stress-short: $(BUILD)/tools/stress
 	FQ_STRESS_TIMEOUT=120 bash tools/stress.sh --ops 50000
+
+# Benchmarks against the anchors; installs nginx, wrk, aiohttp and httpx if
+# missing; writes BENCHMARKS.md. Not part of `make test`. PAIRS=5 for more rounds.
+bench: lib
+	bash bench/run.sh
 
 # Every code block in README.md and docs/*.md is compiled or run.
 test-docs: lib

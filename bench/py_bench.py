@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""P4: N GETs + JSON parse from Python asyncio, C at a time.
+
+  py_bench.py fetchq|aiohttp|httpx URL N C
+
+fetchq goes through the binding (bindings/python, AsyncEngine: poll delivery
+on the loop's thread): all N requests submitted to a queue of max_concurrent
+C, "parse": "json", "coalesce": false, the parsed value read as a Python
+object. aiohttp and httpx run C worker coroutines over one client with C
+connections, each awaiting response.json(). Every URL is distinct (?i=k).
+Prints one JSON object on stdout; a failed request is an error.
+"""
+import asyncio
+import json
+import sys
+import time
+
+
+async def run_fetchq(url: str, n: int, c: int) -> None:
+    import fetchq
+    async with fetchq.AsyncEngine(max_per_host=c) as engine:
+        q = engine.queue("p4", max_concurrent=c)
+        futs = [q.request("GET", f"{url}?i={i}", parse="json", coalesce=False) for i in range(n)]
+        for r in await asyncio.gather(*futs):
+            if r.status != 200 or "items" not in r.json():
+                raise SystemExit(f"py_bench fetchq: bad response {r.status}")
+
+
+async def run_aiohttp(url: str, n: int, c: int) -> None:
+    import aiohttp
+    counter = iter(range(n))
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=c)) as session:
+        async def worker() -> None:
+            for i in counter:
+                async with session.get(f"{url}?i={i}") as r:
+                    d = await r.json()
+                    if r.status != 200 or "items" not in d:
+                        raise SystemExit(f"py_bench aiohttp: bad response {r.status}")
+        await asyncio.gather(*(worker() for _ in range(c)))
+
+
+async def run_httpx(url: str, n: int, c: int) -> None:
+    import httpx
+    counter = iter(range(n))
+    limits = httpx.Limits(max_connections=c, max_keepalive_connections=c)
+    async with httpx.AsyncClient(limits=limits) as client:
+        async def worker() -> None:
+            for i in counter:
+                r = await client.get(f"{url}?i={i}")
+                if r.status_code != 200 or "items" not in r.json():
+                    raise SystemExit(f"py_bench httpx: bad response {r.status_code}")
+        await asyncio.gather(*(worker() for _ in range(c)))
+
+
+def main() -> None:
+    if len(sys.argv) != 5 or sys.argv[1] not in ("fetchq", "aiohttp", "httpx"):
+        raise SystemExit("usage: py_bench.py fetchq|aiohttp|httpx URL N C")
+    client, url, n, c = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    fn = {"fetchq": run_fetchq, "aiohttp": run_aiohttp, "httpx": run_httpx}[client]
+    t0 = time.monotonic()
+    asyncio.run(fn(url, n, c))
+    t = time.monotonic() - t0
+    print(json.dumps({"bench": "p4", "client": client, "n": n, "concurrency": c,
+                      "seconds": round(t, 6), "rate": round(n / t, 3)}))
+
+
+if __name__ == "__main__":
+    main()

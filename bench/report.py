@@ -1,0 +1,351 @@
+#!/usr/bin/env python3
+"""Writes BENCHMARKS.md from bench/run.sh's results.
+
+  report.py --results build/bench/results.jsonl --meta build/bench/meta.json \
+            --root . --out BENCHMARKS.md
+
+Every number in the file comes from the results of this run; the only
+hand-written text is bench/findings.md (the profiling analysis), included
+verbatim at the end.
+"""
+import argparse
+import ctypes
+import datetime
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+
+def sh(*cmd: str) -> str:
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        return (p.stdout + p.stderr).strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return "?"
+
+
+def first_line(text: str) -> str:
+    return text.splitlines()[0] if text else "?"
+
+
+def machine() -> List[Tuple[str, str]]:
+    cpu = "?"
+    with open("/proc/cpuinfo") as f:
+        m = re.search(r"^model name\s*:\s*(.*)$", f.read(), re.M)
+        cpu = m.group(1) if m else cpu
+    with open("/proc/meminfo") as f:
+        mem_kb = int(re.search(r"MemTotal:\s+(\d+)", f.read()).group(1))
+    return [("CPUs (nproc)", sh("nproc")), ("CPU model", cpu), ("memory", f"{mem_kb / 1024 / 1024:.1f} GiB"),
+            ("kernel", f"{platform.system()} {platform.release()}"),
+            ("OS", sh("sh", "-c", ". /etc/os-release && echo $PRETTY_NAME"))]
+
+
+def versions(root: str) -> List[Tuple[str, str]]:
+    lib = os.path.join(root, "build/lib/libfetchq.so.0")
+    try:
+        fq = ctypes.CDLL(lib)
+        fq.fq_version_string.restype = ctypes.c_char_p
+        fetchq = fq.fq_version_string().decode()
+    except OSError:
+        fetchq = "?"
+    commit = sh("git", "-C", root, "rev-parse", "--short", "HEAD")
+    dirty = sh("git", "-C", root, "status", "--porcelain", "--untracked-files=no", "--", "Sources", "include")
+    pyver = {}
+    for mod in ("aiohttp", "httpx"):
+        pyver[mod] = sh("python3", "-c", f"import {mod}; print({mod}.__version__)")
+    wrk = first_line(sh("wrk", "-v"))
+    nginx = first_line(sh(os.path.exists("/usr/sbin/nginx") and "/usr/sbin/nginx" or "nginx", "-v"))
+    return [
+        ("fetchq", f"{fetchq} (commit {commit}{', with uncommitted changes in Sources/ or include/' if dirty else ''})"),
+        ("Swift", first_line(sh("swift", "--version"))),
+        ("libcurl", sh("pkg-config", "--modversion", "libcurl")),
+        ("jansson", sh("pkg-config", "--modversion", "jansson")),
+        ("nginx", nginx.replace("nginx version: ", "")),
+        ("wrk", wrk),
+        ("Python", platform.python_version()),
+        ("aiohttp", pyver["aiohttp"]),
+        ("httpx", pyver["httpx"]),
+        ("C compiler", first_line(sh("cc", "--version"))),
+    ]
+
+
+# ---- results ---------------------------------------------------------------
+
+Records = List[Dict[str, Any]]
+
+
+def values(recs: Records, id_: str, side: str, key: Callable[[Dict[str, Any]], float]) -> List[float]:
+    return [key(r["result"]) for r in recs if r["id"] == id_ and r["side"] == side and r.get("result")]
+
+
+def errors(recs: Records, id_: str, side: str) -> List[str]:
+    return [r["error"] for r in recs if r["id"] == id_ and r["side"] == side and r.get("error")]
+
+
+def fmt(x: Optional[float], unit: str = "") -> str:
+    if x is None:
+        return "—"
+    if unit == "ms":
+        return f"{x:.2f} ms" if x < 1 else f"{x:.1f} ms" if x < 100 else f"{x:.0f} ms"
+    if unit == "B":
+        return f"{x:,.0f} B"
+    if x >= 100:
+        return f"{x:,.0f}"
+    return f"{x:.2f}"
+
+
+def span(v: List[float], unit: str = "") -> str:
+    return f"{fmt(min(v), unit)}–{fmt(max(v), unit)}" if v else "—"
+
+
+RATE = (lambda r: r["rate"])
+# (id, results id, benchmark, anchor name, anchor side, unit, goal text, check(ratio or value) -> bool, kind)
+#   kind "ratio": fetchq median / anchor median (rates); "value": fetchq median alone.
+ROWS = [
+    ("P1", "P1-plain", "{p1_n} no-op ops, queue max 2", "Foundation OperationQueue", "anchor", "ops/s", "≥ 10×",
+     lambda x: x >= 10, "ratio"),
+    ("P1", "P1-prio", "{p1_n} no-op ops, max 2, 5 priorities", "Foundation OperationQueue", "anchor", "ops/s",
+     "≥ 10×", lambda x: x >= 10, "ratio"),
+    ("P1", "P1-chain", "{p1_chain_n} no-op ops, max 2, a chain of dependencies", "Foundation OperationQueue",
+     "anchor", "ops/s", "≥ 10×", lambda x: x >= 10, "ratio"),
+    ("P2", "P2-c8", "{p2_n} GET + JSON parse (3 KB), 8 concurrent", "C: libcurl multi + jansson", "anchor",
+     "req/s", "≥ 1.0×", lambda x: x >= 1.0, "ratio"),
+    ("P2", "P2-c64", "{p2_n} GET + JSON parse (3 KB), 64 concurrent", "C: libcurl multi + jansson", "anchor",
+     "req/s", "≥ 1.0×", lambda x: x >= 1.0, "ratio"),
+    ("P3", "P3-c8", "same as P2, 8 concurrent", "wrk (no parse)", "anchor", "req/s", "≥ 0.5×",
+     lambda x: x >= 0.5, "ratio"),
+    ("P3", "P3-c64", "same as P2, 64 concurrent", "wrk (no parse)", "anchor", "req/s", "≥ 0.5×",
+     lambda x: x >= 0.5, "ratio"),
+    ("P4", "P4-c8", "{p4_n} GET + JSON parse from Python asyncio, 8 concurrent", "aiohttp", "aiohttp", "req/s",
+     "≥ 3×", lambda x: x >= 3, "ratio"),
+    ("P4", "P4-c8", "{p4_n} GET + JSON parse from Python asyncio, 8 concurrent", "httpx", "httpx", "req/s",
+     "≥ 3×", lambda x: x >= 3, "ratio"),
+    ("P4", "P4-c64", "{p4_n} GET + JSON parse from Python asyncio, 64 concurrent", "aiohttp", "aiohttp", "req/s",
+     "≥ 3×", lambda x: x >= 3, "ratio"),
+    ("P4", "P4-c64", "{p4_n} GET + JSON parse from Python asyncio, 64 concurrent", "httpx", "httpx", "req/s",
+     "≥ 3×", lambda x: x >= 3, "ratio"),
+    ("P5", "P5-block", "{p5_n} block ops queued on a suspended queue", "—", None, "B/op", "≤ 1 KB (1024 B)",
+     lambda x: x <= 1024, "value"),
+    ("P5+", "P5-request", "{p5_n} GET requests queued on a suspended queue (no goal)", "—", None, "B/op", "—",
+     None, "value"),
+    ("P6", "P6", "cancel-all of {p6_n} queued ops until every callback ran", "—", None, "ms", "≤ 100 ms",
+     lambda x: x <= 100, "value"),
+    ("P7", "P7", "{p7_n} searches, max_concurrent 8", "OperationQueue + URLSession + JSONSerialization", "anchor",
+     "searches/s", "≥ 10×", lambda x: x >= 10, "ratio"),
+    ("P7+", "P7", "same documents, GET + parse only (no goal: the ceiling)", "C: libcurl multi + jansson", "curlj",
+     "req/s", "—", None, "ratio"),
+]
+
+VALUE_KEY = {"P5-block": lambda r: r["bytes_per_op"], "P5-request": lambda r: r["bytes_per_op"],
+             "P6": lambda r: r["ms"]}
+VALUE_UNIT = {"P5-block": "B", "P5-request": "B", "P6": "ms"}
+
+
+def fetchq_id(res_id: str) -> str:
+    """P3 compares wrk with P2's fetchq runs (the same rounds)."""
+    return res_id.replace("P3-", "P2-")
+
+
+def table(recs: Records, meta: Dict[str, Any]) -> Tuple[List[str], List[str]]:
+    lines = ["| id | benchmark | anchor | fetchq median | anchor median | ratio | goal | status | fetchq min–max "
+             "| anchor min–max |", "|---|---|---|---|---|---|---|---|---|---|"]
+    problems = []
+    for pid, res_id, bench, anchor, aside, unit, goal, check, kind in ROWS:
+        bench = bench.format(**{k: f"{v:,}".replace(",", " ") if isinstance(v, int) else v
+                                for k, v in meta.items()})
+        if kind == "ratio":
+            f = values(recs, fetchq_id(res_id), "fetchq", RATE)
+            a = values(recs, res_id, aside, RATE)
+            fm = statistics.median(f) if f else None
+            am = statistics.median(a) if a else None
+            ratio = fm / am if fm and am else None
+            status = "—" if ratio is None or check is None else ("**met**" if check(ratio) else "not met")
+            cells = [f"{fmt(fm)} {unit}" if fm else "—", f"{fmt(am)} {unit}" if am else "—",
+                     f"{ratio:.2f}×" if ratio else "—", goal, status, span(f), span(a)]
+            for side, sid in (("fetchq", fetchq_id(res_id)), (aside, res_id)):
+                for e in errors(recs, sid, side):
+                    problems.append(f"{res_id} {side}: {e.strip().splitlines()[-1] if e.strip() else e}")
+        else:
+            f = values(recs, res_id, "fetchq", VALUE_KEY[res_id])
+            fm = statistics.median(f) if f else None
+            u = VALUE_UNIT[res_id]
+            status = "—" if fm is None or check is None else ("**met**" if check(fm) else "not met")
+            cells = [fmt(fm, u), "—", "—", goal, status, span(f, u), "—"]
+            for e in errors(recs, res_id, "fetchq"):
+                problems.append(f"{res_id}: {e.strip().splitlines()[-1] if e.strip() else e}")
+        if status == "not met":
+            cells[4] = "not met — see Findings"
+        lines.append(f"| {pid} | {bench} | {anchor} | " + " | ".join(cells) + " |")
+    return lines, problems
+
+
+def latency(recs: Records) -> List[str]:
+    lines = ["| run | queue wait p50 | queue wait p99 | request total p50 | request total p99 "
+             "| submit→callback p50 | submit→callback p99 |", "|---|---|---|---|---|---|---|"]
+    for id_, label in (("P2-c8", "P2, 8 concurrent, all submitted at once"),
+                       ("P2-c64", "P2, 64 concurrent, all submitted at once"),
+                       ("P2w-c8", "P2, 8 concurrent, at most 16 in the engine"),
+                       ("P2w-c64", "P2, 64 concurrent, at most 128 in the engine"),
+                       ("P7", "P7 searches, 8 concurrent, all submitted at once")):
+        rs = [r["result"]["latency"] for r in recs if r["id"] == id_ and r["side"] == "fetchq" and r.get("result")]
+        if not rs:
+            continue
+        cells = []
+        for metric in ("queue_wait_ms", "total_ms", "callback_ms"):
+            for p in ("p50", "p99"):
+                cells.append(fmt(statistics.median(x[metric][p] for x in rs), "ms"))
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def commands(recs: Records, root: str) -> List[str]:
+    seen, out = set(), []
+    for r in recs:
+        key = (r["id"], r["side"])
+        if key in seen:
+            continue
+        seen.add(key)
+        cmd = r["cmd"].replace(root + "/", "")
+        cmd = re.sub(r"/tmp/fetchq-bench\.\w+", "$TMP", cmd)
+        cmd = re.sub(r"http://127\.0\.0\.1:\d+", "http://127.0.0.1:$PORT", cmd)
+        out.append(f"| {r['id']} | {r['side']} | `{cmd}` |")
+    return ["| id | side | command (one round) |", "|---|---|---|"] + out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--results", required=True)
+    ap.add_argument("--meta", required=True)
+    ap.add_argument("--root", required=True)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    root = os.path.abspath(a.root)
+    with open(a.results) as f:
+        recs = [json.loads(line) for line in f if line.strip()]
+    with open(a.meta) as f:
+        meta = json.load(f)
+
+    rows, problems = table(recs, meta)
+    chain1m = values(recs, "P1-chain-1M", "fetchq", RATE)
+    md: List[str] = []
+    w = md.append
+    w("# fetchq benchmarks")
+    w("")
+    ran = datetime.datetime.fromtimestamp(os.path.getmtime(a.meta))
+    w(f"Generated by `make bench`, run finished {ran.strftime('%Y-%m-%d %H:%M')} "
+      f"({meta['seconds'] // 60} min {meta['seconds'] % 60} s). Do not edit by hand: "
+      "`bench/run.sh` runs everything and `bench/report.py` writes this file; the analysis at the end "
+      "is `bench/findings.md`.")
+    w("")
+    w("## Results")
+    w("")
+    w(f"Each benchmark ran as {meta['pairs']} rounds of alternating runs (anchor, fetchq, anchor, fetchq, …; "
+      "P2/P3 as curl+jansson, wrk, fetchq; P4 as aiohttp, httpx, fetchq), so slow phases of this shared "
+      "machine hit both sides. Medians of the rounds; the ratio is fetchq's median over the anchor's "
+      "(higher is better for fetchq); min–max over the rounds.")
+    w("")
+    md.extend(rows)
+    w("")
+    if chain1m:
+        w(f"P1 with a chain of {meta['p1_n']:,} dependencies (fetchq only; the anchor cannot run it, "
+          f"see Findings): {fmt(chain1m[0])} ops/s.")
+        w("")
+    parse = values(recs, "parse", "info", lambda r: r["us_per_parse"])
+    parse_s = values(recs, "parse-search", "info", lambda r: r["us_per_parse"])
+    if parse:
+        w(f"jansson alone (`bench/jansson_parse.c`, CPU time of `json_loadb` + `json_decref`): "
+          f"{parse[0]:.1f} µs for the {meta['doc_bytes']}-byte document of P2–P4, i.e. at most "
+          f"{1e6 / parse[0]:,.0f} parses per second per core"
+          + (f"; {parse_s[0]:.1f} µs for a P7 search response ({1e6 / parse_s[0]:,.0f} per core)" if parse_s else "")
+          + ". The machine has 2 cores, shared with nginx.")
+        w("")
+    if problems:
+        w("Runs that failed (they count as missing, not as numbers):")
+        w("")
+        for p in problems:
+            w(f"- {p}")
+        w("")
+    w("### Latency from the engine's own metrics")
+    w("")
+    w("Medians over the rounds of each run's percentiles. *queue wait* and *request total* are the "
+      "`queue_wait_ms` and `total_ms` of `fq_result_metrics` (total = libcurl's TOTAL_TIME of the "
+      "transfer); *submit→callback* is measured by `bench/fq_bench.c` from the submit call to the "
+      "completion callback. When all operations are submitted at once, queue wait is the backlog: its "
+      "p50 is about half the run's length by construction. The *at most 2C in the engine* rows "
+      "(`FQ_BENCH_WINDOW`: each callback submits the next request) show steady-state latency; "
+      "their rates were " + ", ".join(
+          f"{fmt(statistics.median(v))} req/s ({c} concurrent)" for c in (8, 64)
+          for v in [values(recs, f"P2w-c{c}", "fetchq", RATE)] if v) + ".")
+    w("")
+    md.extend(latency(recs))
+    w("")
+    w("## Machine")
+    w("")
+    w("| | |")
+    w("|---|---|")
+    for k, v in machine():
+        w(f"| {k} | {v} |")
+    w(f"| load average (1, 5, 15 min) | {meta['load_start']} at the start, {meta['load_end']} at the end |")
+    w("")
+    w("The machine is shared: other jobs (compilers, test suites) ran during the benchmarks; the load "
+      "average above shows how busy it was. Client, server and the other jobs share the same CPUs.")
+    w("")
+    w("## Versions")
+    w("")
+    w("| | |")
+    w("|---|---|")
+    for k, v in versions(root):
+        w(f"| {k} | {v} |")
+    w("")
+    w("## Method and commands")
+    w("")
+    w("Run with `make bench` (= `make lib` in release mode, then `bash bench/run.sh`). "
+      f"nginx ({meta['nginx_workers']} worker, `bench/nginx.conf.in`, access log off, keep-alive) serves "
+      f"a generated {meta['doc_bytes']}-byte JSON document (`bench/gen_data.py`) at `/doc.json` and "
+      f"{meta['p7_n']:,} search responses (10 items each) at `/s/qN.json` on 127.0.0.1.")
+    w("")
+    w("- **P1**: fetchq: `fq_submit_block` with a no-op body and a completion callback that counts, "
+      "queue max_concurrent 2, timed from the first submit until `fq_queue_wait` returns. Anchor: "
+      "`BlockOperation`s on an `OperationQueue` with maxConcurrentOperationCount 2, until "
+      "`waitUntilAllOperationsAreFinished` returns. Priorities cycle over the 5 levels "
+      "(`queuePriority` / `\"priority\"`); the chain makes every op depend on the previous one "
+      f"(`addDependency` / `\"depends_on\"`) and runs {meta['p1_chain_n']:,} ops on both sides: "
+      "OperationQueue on Linux slows down superlinearly with a chain and cannot release a 1M-long one "
+      "(Findings, F1).")
+    w("- **P2/P3**: every request has its own URL (`/doc.json?i=N`; nginx serves the static file "
+      "whatever the query) and fetchq runs with `\"coalesce\": false`, so the server answers every "
+      "request. fetchq: all N submitted to a queue of max_concurrent C with `\"parse\": \"json\"`, "
+      "engine `max_per_host` C; the callback checks the parsed value. Anchor: `bench/curl_jansson_client.c`, "
+      "one multi handle and C reused easy handles, `json_loadb` on every body. wrk runs "
+      f"{meta['wrk_seconds']} s per round with `-t2 -cC` on one URL and does not parse.")
+    w("- **P4**: `bench/py_bench.py`: fetchq through `bindings/python` (`AsyncEngine`, poll delivery on "
+      "the asyncio loop), all N futures gathered; aiohttp and httpx with C worker coroutines sharing one "
+      f"client limited to C connections, `response.json()` each. N = {meta['p4_n']:,} (not 50 000) to keep "
+      "`make bench` within its time budget: httpx does 500–2 000 req/s here, so 50 000 requests would "
+      "take up to 100 s per run.")
+    w("- **P5**: RSS from `/proc/self/statm` after a warm-up, before and after submitting the ops "
+      "to a suspended queue; (after − before) / N.")
+    w("- **P6**: a suspended queue holding N ops; from `fq_queue_cancel_all` until `fq_queue_wait` "
+      "returns, i.e. every callback (outcome CANCELLED, checked) has run.")
+    w("- **P7**: fetchq: `fq_submit_search` with the engine's search config (results pointer "
+      "`/results`, sort by `/score` desc), queue max_concurrent 8. Anchor (`bench/anchors`): an "
+      "asynchronous `Operation` per search on an `OperationQueue` (max 8) starting a `URLSession` "
+      "data task (httpMaximumConnectionsPerHost 8, no URL cache), parsing with `JSONSerialization`, "
+      "extracting and sorting the results by score before finishing.")
+    w("")
+    md.extend(commands(recs, root))
+    w("")
+    notes = os.path.join(root, "bench/findings.md")
+    if os.path.exists(notes):
+        w(open(notes).read().rstrip())
+        w("")
+    with open(a.out, "w") as f:
+        f.write("\n".join(md))
+
+
+if __name__ == "__main__":
+    main()

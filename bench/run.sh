@@ -1,0 +1,219 @@
+#!/usr/bin/env bash
+# bench/run.sh — what `make bench` runs (after `make lib`): installs what is
+# missing, builds the benchmark programs, starts nginx, runs every benchmark
+# as rounds of alternating runs (anchor, fetchq, anchor, fetchq, ...), and
+# writes BENCHMARKS.md with bench/report.py.
+#
+# Knobs (environment): PAIRS (rounds per benchmark, default 3), P1_N
+# (1000000), P1_CHAIN_N (20000), P2_N (50000), P4_N (10000), P5_N and P6_N
+# (100000), P7_N (5000), WRK_SECONDS (5), BENCH_OUT (BENCHMARKS.md).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BUILD=$ROOT/build
+OUT=$BUILD/bench
+PAIRS=${PAIRS:-3}
+P1_N=${P1_N:-1000000}
+P1_CHAIN_N=${P1_CHAIN_N:-20000}
+P2_N=${P2_N:-50000}
+P4_N=${P4_N:-10000}
+P5_N=${P5_N:-100000}
+P6_N=${P6_N:-100000}
+P7_N=${P7_N:-5000}
+WRK_SECONDS=${WRK_SECONDS:-5}
+RESULTS=$OUT/results.jsonl
+META=$OUT/meta.json
+started=$(date +%s)
+
+log() { printf '[bench %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+
+# ---- what is missing -------------------------------------------------------
+
+install_deps() {
+    local missing=""
+    command -v wrk >/dev/null || missing="$missing wrk"
+    command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing="$missing nginx-light"
+    for p in libcurl4-openssl-dev libjansson-dev pkg-config; do
+        dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"
+    done
+    if [ -n "$missing" ]; then
+        log "installing (apt):$missing"
+        local sudo=""
+        [ "$(id -u)" = 0 ] || sudo=sudo
+        $sudo apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq $missing >/dev/null
+    fi
+    local pymissing=""
+    python3 -c 'import aiohttp' 2>/dev/null || pymissing="$pymissing aiohttp"
+    python3 -c 'import httpx' 2>/dev/null || pymissing="$pymissing httpx"
+    if [ -n "$pymissing" ]; then
+        log "installing (pip):$pymissing"
+        python3 -m pip install --quiet $pymissing 2>/dev/null ||
+            python3 -m pip install --quiet --user $pymissing
+    fi
+}
+
+# ---- builds ----------------------------------------------------------------
+
+build() {
+    mkdir -p "$OUT"
+    local cflags="-std=c11 -O2 -g -Wall -Wextra -Werror"
+    log "building bench/fq_bench.c and bench/curl_jansson_client.c (-O2)"
+    cc $cflags -I"$BUILD/include" "$ROOT/bench/fq_bench.c" -L"$BUILD/lib" -lfetchq -ljansson -lpthread \
+        -Wl,-rpath,"$BUILD/lib" -o "$OUT/fq_bench"
+    cc $cflags "$ROOT/bench/curl_jansson_client.c" -lcurl -ljansson -o "$OUT/curl_jansson_client"
+    cc $cflags "$ROOT/bench/jansson_parse.c" -ljansson -o "$OUT/jansson_parse"
+    log "building the Foundation anchors (bench/anchors, swift build -c release)"
+    swift build -c release --package-path "$ROOT/bench/anchors" --scratch-path "$OUT/anchors" 2>&1 | tail -1 >&2
+    ANCHORS=$(swift build -c release --package-path "$ROOT/bench/anchors" --scratch-path "$OUT/anchors" \
+        --show-bin-path)/anchors
+    FQ=$OUT/fq_bench
+    CURLJ=$OUT/curl_jansson_client
+    # The Python binding, straight from the tree, on the library just built.
+    export PYTHONPATH=$ROOT/bindings/python${PYTHONPATH:+:$PYTHONPATH}
+    export FETCHQ_LIBRARY=$BUILD/lib/libfetchq.so.0
+}
+
+# ---- nginx -----------------------------------------------------------------
+
+NGINX_PID=""
+TMP=""
+cleanup() {
+    if [ -n "$NGINX_PID" ] && kill -0 "$NGINX_PID" 2>/dev/null; then
+        kill "$NGINX_PID" 2>/dev/null || true
+        for _ in $(seq 50); do kill -0 "$NGINX_PID" 2>/dev/null || break; sleep 0.1; done
+    fi
+    [ -n "$TMP" ] && rm -rf "$TMP"
+}
+trap cleanup EXIT
+
+start_nginx() {
+    TMP=$(mktemp -d /tmp/fetchq-bench.XXXXXX)
+    chmod 755 "$TMP"  # nginx workers run as another user when we are root
+    mkdir -p "$TMP/www"
+    DOC_BYTES=$(python3 "$ROOT/bench/gen_data.py" "$TMP/www" "$P7_N")
+    PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    NGINX_WORKERS=1
+    sed -e "s|@PORT@|$PORT|g" -e "s|@ROOT@|$TMP/www|g" -e "s|@TMP@|$TMP|g" -e "s|@WORKERS@|$NGINX_WORKERS|g" \
+        "$ROOT/bench/nginx.conf.in" > "$TMP/nginx.conf"
+    local nginx
+    nginx=$(command -v nginx || echo /usr/sbin/nginx)
+    "$nginx" -p "$TMP" -c "$TMP/nginx.conf" -e "$TMP/error.log" &
+    NGINX_PID=$!
+    for _ in $(seq 100); do
+        curl -sf -o /dev/null "http://127.0.0.1:$PORT/doc.json" && break
+        sleep 0.1
+    done
+    curl -sf -o /dev/null "http://127.0.0.1:$PORT/s/q0.json?x=1" || { log "nginx did not start"; cat "$TMP/error.log" >&2; exit 1; }
+    DOC_URL=http://127.0.0.1:$PORT/doc.json
+    SEARCH_TEMPLATE="http://127.0.0.1:$PORT/s/{query}.json"
+    log "nginx $NGINX_PID on 127.0.0.1:$PORT ($NGINX_WORKERS worker), document $DOC_BYTES bytes"
+}
+
+# ---- running ---------------------------------------------------------------
+
+# record ID SIDE ROUND CMD... — runs CMD, appends its JSON (last stdout line)
+# to results.jsonl; a failure is recorded as an error, not a number.
+record() {
+    local id=$1 side=$2 round=$3
+    shift 3
+    local cmd="$*" out rc=0 t0 t1
+    t0=$(date +%s.%N)
+    out=$(timeout 900 "$@" 2>"$OUT/last.err") || rc=$?
+    t1=$(date +%s.%N)
+    local line
+    line=$(printf '%s\n' "$out" | tail -n 1)
+    python3 - "$id" "$side" "$round" "$cmd" "$rc" "$line" "$OUT/last.err" "$t0" "$t1" >>"$RESULTS" <<'EOF'
+import json, sys
+id_, side, rnd, cmd, rc, line, errfile, t0, t1 = sys.argv[1:]
+rec = {"id": id_, "side": side, "round": int(rnd), "cmd": cmd, "wall": float(t1) - float(t0)}
+try:
+    rec["result"] = json.loads(line) if rc == "0" else None
+except ValueError:
+    rec["result"] = None
+if rec["result"] is None:
+    rec["error"] = ("exit %s: " % rc) + open(errfile, errors="replace").read()[-600:]
+print(json.dumps(rec))
+EOF
+    if [ "$rc" != 0 ]; then log "  $id $side round $round FAILED (exit $rc): $(tail -c 300 "$OUT/last.err")"; else
+        log "  $id $side round $round: $(printf '%s' "$line" | cut -c1-160)"; fi
+}
+
+run_all() {
+    : >"$RESULTS"
+    local r
+    log "P1: no-op ops, queue max 2 (rounds of: OperationQueue, fetchq)"
+    for variant in plain prio chain; do
+        local n=$P1_N
+        [ "$variant" = chain ] && n=$P1_CHAIN_N
+        for r in $(seq "$PAIRS"); do
+            record "P1-$variant" anchor "$r" "$ANCHORS" p1 "$variant" "$n"
+            record "P1-$variant" fetchq "$r" "$FQ" p1 "$variant" "$n"
+        done
+    done
+    record "P1-chain-1M" fetchq 1 "$FQ" p1 chain "$P1_N"
+
+    # The floor under P2-P4: jansson's CPU time for one parse of the document.
+    record parse info 1 "$OUT/jansson_parse" "$TMP/www/doc.json" 20000
+    record parse-search info 1 "$OUT/jansson_parse" "$TMP/www/s/q1.json" 20000
+
+    log "P2/P3: GET + JSON parse from nginx (rounds of: curl+jansson, wrk, fetchq)"
+    for c in 8 64; do
+        for r in $(seq "$PAIRS"); do
+            record "P2-c$c" anchor "$r" "$CURLJ" "$DOC_URL" "$P2_N" "$c"
+            record "P3-c$c" anchor "$r" python3 -B "$ROOT/bench/wrk_json.py" "$DOC_URL" "$c" "$WRK_SECONDS"
+            record "P2-c$c" fetchq "$r" "$FQ" p2 "$DOC_URL" "$P2_N" "$c"
+        done
+    done
+
+    # Steady-state latency: at most 2C requests in the engine at a time (the
+    # rounds above submit all N at once, so their queue wait is the backlog).
+    for c in 8 64; do
+        record "P2w-c$c" fetchq 1 env FQ_BENCH_WINDOW=$((2 * c)) "$FQ" p2 "$DOC_URL" "$P2_N" "$c"
+    done
+
+    log "P4: from Python asyncio (rounds of: aiohttp, httpx, fetchq binding)"
+    for c in 8 64; do
+        for r in $(seq "$PAIRS"); do
+            record "P4-c$c" aiohttp "$r" python3 -B "$ROOT/bench/py_bench.py" aiohttp "$DOC_URL" "$P4_N" "$c"
+            record "P4-c$c" httpx "$r" python3 -B "$ROOT/bench/py_bench.py" httpx "$DOC_URL" "$P4_N" "$c"
+            record "P4-c$c" fetchq "$r" python3 -B "$ROOT/bench/py_bench.py" fetchq "$DOC_URL" "$P4_N" "$c"
+        done
+    done
+
+    log "P5/P6: memory per queued op, cancel-all"
+    for r in $(seq "$PAIRS"); do
+        record P5-block fetchq "$r" "$FQ" p5 block "$P5_N"
+        record P5-request fetchq "$r" "$FQ" p5 request "$P5_N" "$DOC_URL"
+        record P6 fetchq "$r" "$FQ" p6 "$P6_N"
+    done
+
+    log "P7: searches, max_concurrent 8 (rounds of: OperationQueue+URLSession+JSONSerialization, curl+jansson, fetchq)"
+    for r in $(seq "$PAIRS"); do
+        record P7 anchor "$r" "$ANCHORS" p7 "$SEARCH_TEMPLATE" "$P7_N" 8
+        # The ceiling: the C client GETting and parsing one search document.
+        record P7 curlj "$r" "$CURLJ" "${SEARCH_TEMPLATE/\{query\}/q1}" "$P7_N" 8 results
+        record P7 fetchq "$r" "$FQ" p7 "$SEARCH_TEMPLATE" "$P7_N" 8
+    done
+}
+
+meta() {
+    python3 - "$META" <<EOF
+import json, sys
+json.dump({"pairs": $PAIRS, "p1_n": $P1_N, "p1_chain_n": $P1_CHAIN_N, "p2_n": $P2_N, "p4_n": $P4_N,
+           "p5_n": $P5_N, "p6_n": $P6_N, "p7_n": $P7_N, "wrk_seconds": $WRK_SECONDS,
+           "doc_bytes": $DOC_BYTES, "nginx_workers": $NGINX_WORKERS,
+           "load_start": "$LOAD_START", "load_end": "$(cut -d' ' -f1-3 /proc/loadavg)",
+           "seconds": $(date +%s) - $started, "anchors": "$ANCHORS"}, open(sys.argv[1], "w"))
+EOF
+}
+
+install_deps
+build
+start_nginx
+LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
+run_all
+meta
+python3 "$ROOT/bench/report.py" --results "$RESULTS" --meta "$META" --root "$ROOT" \
+    --out "${BENCH_OUT:-$ROOT/BENCHMARKS.md}"
+log "done in $(( $(date +%s) - started )) s: ${BENCH_OUT:-$ROOT/BENCHMARKS.md}"
