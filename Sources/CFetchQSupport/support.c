@@ -3,29 +3,61 @@
 
 #include <pthread.h>
 #include <stdlib.h>
-#include <sys/eventfd.h>
 #include <string.h>
+#include <sys/eventfd.h>
 
-/* Thread-local storage: Swift has no thread-local variables of its own.
- * The message buffer grows to fit (messages are never truncated); it is
- * reused for the life of the thread. */
-static _Thread_local char *last_error;
-static _Thread_local size_t last_error_cap;
+/* The last error message of each thread. A pthread key owns the buffer so
+ * that it is freed when its thread exits (a plain _Thread_local pointer
+ * leaked it). The buffer grows to fit: messages are never truncated. */
+struct last_error {
+    char *text;
+    size_t cap;
+};
+
+static pthread_key_t last_error_key;
+static pthread_once_t last_error_once = PTHREAD_ONCE_INIT;
+
+static void free_last_error(void *p) {
+    struct last_error *e = p;
+    free(e->text);
+    free(e);
+}
+
+static void make_key(void) { pthread_key_create(&last_error_key, free_last_error); }
+
+static struct last_error *this_thread(int create) {
+    pthread_once(&last_error_once, make_key);
+    struct last_error *e = pthread_getspecific(last_error_key);
+    if (e == NULL && create) {
+        e = calloc(1, sizeof *e);
+        if (e != NULL && pthread_setspecific(last_error_key, e) != 0) {
+            free(e);
+            e = NULL;
+        }
+    }
+    return e;
+}
+
 static _Thread_local const void *current_engine;
 
 void fqs_set_last_error(const char *message) {
     size_t n = message ? strlen(message) : 0;
-    if (n + 1 > last_error_cap) {
-        char *grown = realloc(last_error, n + 1);
+    struct last_error *e = this_thread(1);
+    if (e == NULL) return;
+    if (n + 1 > e->cap) {
+        char *grown = realloc(e->text, n + 1);
         if (grown == NULL) return; /* keep the previous message */
-        last_error = grown;
-        last_error_cap = n + 1;
+        e->text = grown;
+        e->cap = n + 1;
     }
-    if (n) memcpy(last_error, message, n);
-    last_error[n] = '\0';
+    if (n) memcpy(e->text, message, n);
+    e->text[n] = '\0';
 }
 
-const char *fqs_last_error(void) { return last_error ? last_error : ""; }
+const char *fqs_last_error(void) {
+    struct last_error *e = this_thread(0);
+    return e && e->text ? e->text : "";
+}
 
 void fqs_set_current_engine(const void *engine) { current_engine = engine; }
 

@@ -97,6 +97,26 @@ import Testing
         }
     }
 
+    /// Found by the fuzzer: a dependency that had already failed crashed
+    /// the submit. Now the parent ends CANCELLED naming it, once.
+    @Test func aDependencyThatAlreadyFailedCancelsTheWholeSearch() throws {
+        try withEngine(config, queue: 2) { engine, queue, c in
+            let failing = try engine.submit(.block { op in
+                try? op.setError("no")
+                return nil
+            }, to: queue, options: nil, completion: c.callback)
+            #expect(c.wait(failing)?.outcome == .failed)
+            let id = try submitAll(engine, ["swift", "c"], options: #"{"depends_on": [\#(failing)]}"#, on: queue, c)
+            let r = try #require(c.wait(id))
+            #expect(r.outcome == .cancelled)
+            #expect(r.status == .dependency)
+            #expect(r.message?.contains("\(failing)") == true)
+            #expect(engine.waitIdle(timeoutMs: 5000) == .ok)
+            #expect(c.duplicates.isEmpty)
+            #expect(engine.stats().at("/cancelled")?.integerValue == 3)
+        }
+    }
+
     @Test func childEventsArriveBeforeTheParentsCallback() throws {
         try withEngine(config, queue: 2) { engine, queue, c in
             let id = try submitAll(engine, ["swift", "c", "__fail"], options: #"{"child_events": true}"#, on: queue, c)

@@ -1,5 +1,4 @@
 import Glibc
-import Synchronization
 
 /// The engine's HTTP response cache: a private cache (RFC 9111) held in memory, bounded in
 /// bytes with least-recently-used eviction, optionally written through to an SQLite file so
@@ -63,7 +62,7 @@ import Synchronization
 ///
 /// ## Concurrency
 ///
-/// `Sendable`, with no unchecked parts. One `Mutex` protects all mutable state: the
+/// `Sendable`: one `Locked` (a pthread mutex) protects all mutable state: the
 /// recency list with the entries, the cold index, the counters, the SQLite connection
 /// (used only while holding it), and the last persistence error. Parsing headers and
 /// computing freshness happen before the lock is taken; SQLite reads and writes happen
@@ -162,7 +161,7 @@ public final class HTTPCache: Sendable {
         var bytes: Int { entries.bytes + cold.bytes }
     }
 
-    private let state: Mutex<State>
+    private let state: Locked<State>
 
     /// A cache holding at most `maxBytes` (≥ 0; 0 stores nothing).
     ///
@@ -186,7 +185,7 @@ public final class HTTPCache: Sendable {
             initial.cold = try connection.openIndex(maxBytes: maxBytes)
             initial.connection = connection
         }
-        state = Mutex(initial)
+        state = Locked(initial)
     }
 
     // MARK: - Lookup

@@ -102,12 +102,24 @@ extension Engine {
                 throw error
             }
         }
+        // The parent collects the children and shares their dependencies:
+        // if one of those failed, the parent ends cancelled naming it.
         var parentSpec = spec(host: nil)
-        parentSpec.dependsOn = []
         parentSpec.startDeadline = nil
         parentSpec.collects = family.children
-        guard case .success(let (parentID, more)) = machine.submit(parentSpec, now: now) else {
-            fatalError("submitting a search-all parent over live children cannot fail")
+        let parentSubmit = machine.submit(parentSpec, now: now)
+        guard case .success(let (parentID, more)) = parentSubmit else {
+            // Cannot happen once the children were accepted (same queue, same
+            // dependencies); roll them back rather than leave them orphaned.
+            for child in family.children {
+                live[child] = nil
+                if case .success(let more) = machine.cancel(child, now: now) { actions += more }
+            }
+            let work = resolve(actions)
+            lock.unlock()
+            execute(work)
+            if case .failure(let error) = parentSubmit { throw error }
+            throw FetchQError(.invalid, "search-all could not be submitted")
         }
         let parent = Operation(id: parentID, queue: queue.id, qos: common.qos,
                                body: .block { op in family.merge(op) }, completion: completion, engine: self)

@@ -1,14 +1,13 @@
 import Glibc
 import Logging
-import Synchronization
 
 /// Where an engine's log lines go: a C callback when one is set
 /// (fq_engine_set_log_fn), else standard error.
 ///
-/// Checked Sendable: the callback lives in a Mutex.
+/// Sendable: the callback lives in a `Locked` (a pthread mutex).
 final class LogSink: Sendable {
     typealias Callback = @Sendable (Logger.Level, String) -> Void
-    private let callback = Mutex<Callback?>(nil)
+    private let callback = Locked<Callback?>(nil)
 
     func set(_ c: Callback?) { callback.withLock { $0 = c } }
 

@@ -265,9 +265,6 @@ struct SchedulerStateMachine<Payload> {
             deps.append(dep)
         }
 
-        for dep in spec.collects where ops[dep] == nil {
-            return .failure(FetchQError(.notFound, "no unfinished operation \(dep) to collect"))
-        }
 
         let id = nextOpID
         nextOpID += 1
@@ -301,7 +298,17 @@ struct SchedulerStateMachine<Payload> {
         } else if let barrier = queues[spec.queue]!.openBarrier {
             link(id, after: barrier, edge: .order)
         }
-        for dep in spec.collects { link(id, after: dep, edge: .collect) }
+        for dep in spec.collects {
+            if ops[dep] != nil {
+                link(id, after: dep, edge: .collect)
+            } else {
+                // Already ended (e.g. at its own submit, its dependency had
+                // failed): collected as it ended, or as cancelled if forgotten.
+                let done = history[dep]
+                ops[id]!.dependencyPayloads.append(
+                    Dependency(id: dep, outcome: done?.outcome ?? .cancelled, payload: done?.payload))
+            }
+        }
         var failedDependency: (OpID, Outcome)? = nil
         for dep in deps {
             if ops[dep] != nil {

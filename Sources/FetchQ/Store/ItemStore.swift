@@ -1,7 +1,6 @@
 import CJansson
 import CSQLite
 import Glibc
-import Synchronization
 
 /// A persistent store of JSON items keyed by (collection, id), kept in an SQLite file.
 ///
@@ -42,7 +41,7 @@ import Synchronization
 /// dropped silently. Use ``shared(path:)`` so that all operations writing one file share one
 /// instance.
 ///
-/// `Sendable` with no unchecked parts: the connection lives inside a `Mutex`, everything
+/// `Sendable`: the connection lives inside a `Locked` (a pthread mutex), everything
 /// else is immutable.
 public final class ItemStore: Sendable {
     /// How an upsert treats an id that is already stored.
@@ -93,7 +92,7 @@ public final class ItemStore: Sendable {
 
     /// The connection (nil once closed). The mutex guards the connection, its cached
     /// statements and its test hook; nothing else in the instance is mutable.
-    private let connection: Mutex<StoreConnection?>
+    private let connection: Locked<StoreConnection?>
 
     /// The key under which ``shared(path:)`` registered this instance, if it did.
     private let registryKey: String?
@@ -123,7 +122,7 @@ public final class ItemStore: Sendable {
         }
         self.path = path
         self.registryKey = registryKey
-        self.connection = Mutex(opened)
+        self.connection = Locked(opened)
     }
 
     /// Closes the connection (idempotent). Later calls on this instance throw `.state`.
@@ -271,7 +270,7 @@ public final class ItemStore: Sendable {
     }
 
     /// Canonical path -> the live shared instance for it.
-    private static let registry = Mutex<[String: WeakStore]>([:])
+    private static let registry = Locked<[String: WeakStore]>([:])
 
     /// The process-wide instance for the file at `path`, opening it on first use.
     ///

@@ -26,7 +26,7 @@ package final class CurlTransport: HTTPTransport, @unchecked Sendable {
     private let loopThread: pthread_t
     /// true once the loop thread was joined; held while joining so a second
     /// `shutdown` waits for the first.
-    private let joinState = Mutex(false)
+    private let joinState = Locked(false)
 
     /// - Parameter maxTotalConnections: CURLMOPT_MAX_TOTAL_CONNECTIONS (0 = no limit);
     ///   transfers beyond it wait inside curl for a free connection.
@@ -125,7 +125,7 @@ struct CurlInbox {
 /// The loop thread's world. The thread holds a strong reference until it exits.
 ///
 /// @unchecked Sendable:
-/// - `inbox` (a Mutex) protects everything other threads hand over.
+/// - `inbox` (a `Locked`, a pthread mutex) protects everything other threads hand over.
 /// - `multi` never changes; other threads only call curl_multi_wakeup on it,
 ///   which curl documents as callable from any thread. It is cleaned up in deinit,
 ///   after the loop thread has let go.
@@ -133,7 +133,7 @@ struct CurlInbox {
 /// - `active` and `idleHandles` are touched only on the loop thread.
 final class CurlLoop: @unchecked Sendable {
     let multi: UnsafeMutableRawPointer
-    let inbox = Mutex(CurlInbox())
+    let inbox = Locked(CurlInbox())
     let activeCount = Atomic<Int>(0)
     private let nextID = Atomic<UInt64>(1)
 
