@@ -21,7 +21,7 @@ CFLAGS_TEST := -std=c11 -O1 -g -Wall -Wextra -Werror -D_GNU_SOURCE -I$(BUILD)/in
 LDFLAGS_TEST := -L$(BUILD)/lib -lfetchq -ljansson -lpthread -Wl,-rpath,$(BUILD)/lib
 
 APT_PACKAGES := libjansson-dev libcurl4-openssl-dev libsqlite3-dev pkg-config python3-pip openssl nginx-light
-.PHONY: all deps lib test test-swift test-c test-exports test-python test-examples test-install test-docs test-cli test-stress-short stress bench demo install uninstall clean
+.PHONY: all deps lib test test-swift test-c test-exports test-python test-examples test-install test-docs test-cli test-stress-short stress bench test-tsan check-sanitizers fuzz test-fuzz-regressions demo install uninstall clean
 
 all: lib
 
@@ -51,7 +51,8 @@ lib: deps
 
 # Every suite; each prints its own summary. Runs them all even if one fails,
 # then fails if any did.
-TEST_SUITES := test-exports test-c test-stress-short test-swift test-support test-install test-docs test-cli $(if $(wildcard bindings/python/tests),test-python) \
+TEST_SUITES := test-exports test-c test-stress-short test-swift test-tsan test-fuzz-regressions test-support \
+	test-install test-docs test-cli $(if $(wildcard bindings/python/tests),test-python) \
 	$(if $(wildcard tools/run-examples.sh),test-examples)
 test: lib
 	@failed=""; for t in $(TEST_SUITES); do \
@@ -107,6 +108,23 @@ stress: $(BUILD)/tools/stress
 
 test-stress-short: $(BUILD)/tools/stress
 	FQ_STRESS_TIMEOUT=120 bash tools/stress.sh --ops 50000
+
+# ThreadSanitizer over every Swift test (about 75 s); the full set of
+# sanitizer runs (ASan/LSan for Swift and the C harness, valgrind) is
+# make check-sanitizers.
+test-tsan: deps
+	bash tools/check-sanitizers.sh swift-tsan
+
+check-sanitizers: lib
+	bash tools/check-sanitizers.sh
+
+# libFuzzer targets (fuzz/): FUZZ_SECONDS each (default 60). Their crash
+# inputs, seeds and the JSONTestSuite are replayed by make test.
+fuzz: deps
+	bash fuzz/run.sh fuzz
+
+test-fuzz-regressions: deps
+	bash fuzz/run.sh replay
 
 # Benchmarks against the anchors; installs nginx, wrk, aiohttp and httpx if
 # missing; writes BENCHMARKS.md. Not part of `make test`. PAIRS=5 for more rounds.

@@ -1,0 +1,3 @@
+import FuzzTargets
+
+FuzzMain.run(name: "response", ResponseTarget.run)

@@ -1,0 +1,3 @@
+import FuzzTargets
+
+FuzzMain.run(name: "search", SearchTarget.run)
