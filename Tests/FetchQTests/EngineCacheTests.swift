@@ -140,6 +140,18 @@ import Testing
         }
     }
 
+    @Test func fetchqLogSelectsTheDefaultLevel() throws {
+        // The mapping of FETCHQ_LOG (not setenv: other suites run in parallel).
+        #expect(LogLevelName.level(fromEnvironment: "debug") == "debug")
+        #expect(LogLevelName.level(fromEnvironment: "TRACE") == "trace")
+        #expect(LogLevelName.level(fromEnvironment: "off") == "off")
+        #expect(LogLevelName.level(fromEnvironment: "nonsense") == "warning")
+        #expect(LogLevelName.level(fromEnvironment: nil) == "warning")
+        // An explicit "log" key wins over the environment's default.
+        let explicit = json(#"{"log": "error"}"#)
+        #expect(try withExtendedLifetime(explicit) { try EngineConfig(json: explicit.pointer) }.log == "error")
+    }
+
     @Test func logLinesReachTheCallbackAtTheConfiguredLevel() throws {
         let lines = Mutex<[String]>([])
         try withEngine(#"{"log": "info"}"#) { engine, queue, c in

@@ -53,8 +53,13 @@ enum LogLevelName {
 
     /// FETCHQ_LOG when set to a known level name, else "warning".
     static func fromEnvironment() -> String {
-        guard let raw = getenv("FETCHQ_LOG") else { return "warning" }
-        let value = String(cString: raw).lowercased()
-        return names.contains(where: { $0.0 == value }) ? value : "warning"
+        level(fromEnvironment: getenv("FETCHQ_LOG").map { String(cString: $0) })
+    }
+
+    /// The level a FETCHQ_LOG value selects (case-insensitive); "warning"
+    /// when unset or unknown.
+    static func level(fromEnvironment value: String?) -> String {
+        guard let value = value?.lowercased(), names.contains(where: { $0.0 == value }) else { return "warning" }
+        return value
     }
 }
