@@ -15,41 +15,13 @@ CC=${CC:-cc}
 say() { printf '\n==> %s\n' "$*"; }
 die() { printf 'demo: %s\n' "$*" >&2; exit 1; }
 
-command -v "$PYTHON" >/dev/null || die "$PYTHON not found (install python3 >= 3.11)"
-if ! command -v "$CC" >/dev/null; then
-    command -v clang >/dev/null || die "no C compiler: $CC and clang not found"
-    CC=clang
-fi
-command -v pkg-config >/dev/null || die "pkg-config not found (run: make lib)"
-[ -e "$BUILD/lib/libfetchq.so" ] && [ -e "$BUILD/lib/pkgconfig/fetchq.pc" ] ||
-    die "build/lib/libfetchq.so not built (run: make demo, or make lib first)"
-
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/fetchq-demo.XXXXXX")
-server_pid=""
-cleanup() {
-    if [ -n "$server_pid" ] && kill -0 "$server_pid" 2>/dev/null; then
-        kill "$server_pid" 2>/dev/null || true
-        wait "$server_pid" 2>/dev/null || true
-    fi
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+# shellcheck source=tools/common.sh
+. "$ROOT/tools/common.sh"
+check_prerequisites
+make_workdir demo
 
 say "starting the demo search server (Tests/support/testserver.py --corpus demo) on 127.0.0.1"
-# --parent-pid: the server also exits by itself if this script dies.
-"$PYTHON" "$ROOT/Tests/support/testserver.py" --corpus demo --host 127.0.0.1 --port 0 \
-    --port-file "$WORK/port" --parent-pid $$ --max-seconds 600 \
-    >"$WORK/server.log" 2>&1 &
-server_pid=$!
-for _ in $(seq 1 100); do # at most 10 s
-    [ -s "$WORK/port" ] && break
-    kill -0 "$server_pid" 2>/dev/null || { cat "$WORK/server.log" >&2; die "the server exited"; }
-    sleep 0.1
-done
-[ -s "$WORK/port" ] || { cat "$WORK/server.log" >&2; die "the server did not start within 10 s"; }
-URL="http://127.0.0.1:$(cat "$WORK/port")"
+start_test_server demo 600
 echo "    $URL (pid $server_pid): 400 posts, 50 authors, 15 tags; GET /search?q=TAG&rpp=N"
 
 say "building examples/search_tags.c against build/lib/libfetchq.so"

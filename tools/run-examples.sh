@@ -23,27 +23,10 @@ TAGS=(swift c python rust go)
 
 die() { printf 'run-examples: %s\n' "$*" >&2; exit 2; }
 
-command -v "$PYTHON" >/dev/null || die "$PYTHON not found (install python3 >= 3.11)"
-if ! command -v "$CC" >/dev/null; then
-    command -v clang >/dev/null || die "no C compiler: $CC and clang not found"
-    CC=clang
-fi
-command -v pkg-config >/dev/null || die "pkg-config not found (run: make lib)"
-[ -e "$BUILD/lib/libfetchq.so" ] && [ -e "$BUILD/lib/pkgconfig/fetchq.pc" ] ||
-    die "build/lib/libfetchq.so not built (run: make lib)"
-
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/fetchq-examples.XXXXXX")
-server_pid=""
-cleanup() {
-    if [ -n "$server_pid" ] && kill -0 "$server_pid" 2>/dev/null; then
-        kill "$server_pid" 2>/dev/null || true
-        wait "$server_pid" 2>/dev/null || true
-    fi
-    rm -rf "$WORK" # the temporary stores (with their -wal/-shm files) too
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+# shellcheck source=tools/common.sh
+. "$ROOT/tools/common.sh"
+check_prerequisites
+make_workdir examples  # removed on exit with the temporary stores
 
 MEMCHECK_CMD=()
 if [ "${MEMCHECK:-0}" = 1 ]; then
@@ -64,18 +47,7 @@ if [ "${MEMCHECK:-0}" = 1 ]; then
     TIMEOUT=$((TIMEOUT * 5))
 fi
 
-# --parent-pid: the server also exits by itself if this script dies.
-"$PYTHON" "$ROOT/Tests/support/testserver.py" --corpus test --host 127.0.0.1 --port 0 \
-    --port-file "$WORK/port" --parent-pid $$ --max-seconds 1800 \
-    >"$WORK/server.log" 2>&1 &
-server_pid=$!
-for _ in $(seq 1 100); do # at most 10 s
-    [ -s "$WORK/port" ] && break
-    kill -0 "$server_pid" 2>/dev/null || { cat "$WORK/server.log" >&2; die "the server exited"; }
-    sleep 0.1
-done
-[ -s "$WORK/port" ] || { cat "$WORK/server.log" >&2; die "the server did not start within 10 s"; }
-URL="http://127.0.0.1:$(cat "$WORK/port")"
+start_test_server test 1800
 echo "test server: $URL (pid $server_pid, corpus test)"
 
 PKG=$(PKG_CONFIG_PATH="$BUILD/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}" \

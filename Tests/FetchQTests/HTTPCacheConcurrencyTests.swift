@@ -4,33 +4,6 @@ import Testing
 
 @testable import FetchQ
 
-/// Runs `body(0..<count)` on `count` pthreads and joins them all.
-private func runCacheThreads(_ count: Int, _ body: @escaping @Sendable (Int) -> Void) {
-    final class Job: @unchecked Sendable {  // immutable after creation; handed to one thread
-        let index: Int
-        let body: @Sendable (Int) -> Void
-        init(_ index: Int, _ body: @escaping @Sendable (Int) -> Void) {
-            self.index = index
-            self.body = body
-        }
-    }
-    var threads: [pthread_t] = []
-    for index in 0..<count {
-        let job = Unmanaged.passRetained(Job(index, body)).toOpaque()
-        var thread = pthread_t()
-        let rc = pthread_create(
-            &thread, nil,
-            { raw in
-                let job = Unmanaged<Job>.fromOpaque(raw!).takeRetainedValue()
-                job.body(job.index)
-                return nil
-            }, job)
-        precondition(rc == 0, "pthread_create: \(rc)")
-        threads.append(thread)
-    }
-    for thread in threads { pthread_join(thread, nil) }
-}
-
 /// Eight threads hammering one cache: the size bound holds whenever the lock is free, the
 /// structure stays consistent, bodies stay with their keys, and the counters add up.
 @Suite struct HTTPCacheConcurrencyTests {
@@ -58,7 +31,7 @@ private func runCacheThreads(_ count: Int, _ body: @escaping @Sendable (Int) -> 
     static func hammer(_ cache: HTTPCache, operations: Int) -> (problems: [String], lookups: Int) {
         let problems = Mutex<[String]>([])
         let lookups = Atomic<Int>(0)
-        runCacheThreads(threads) { thread in
+        runThreads(threads) { thread in
             var random = Random(state: UInt64(thread + 1) * 0x9E37_79B9)
             func problem(_ text: String) {
                 problems.withLock { $0.append("thread \(thread): \(text)") }

@@ -5,33 +5,6 @@ import Testing
 
 @testable import FetchQ
 
-/// Runs `body(0..<count)` on `count` pthreads started together and joins them all.
-func runStoreThreads(_ count: Int, _ body: @escaping @Sendable (Int) -> Void) {
-    final class Job: @unchecked Sendable {  // read-only after creation; handed to one thread
-        let index: Int
-        let body: @Sendable (Int) -> Void
-        init(_ index: Int, _ body: @escaping @Sendable (Int) -> Void) {
-            self.index = index
-            self.body = body
-        }
-    }
-    var threads: [pthread_t] = []
-    for index in 0..<count {
-        let job = Unmanaged.passRetained(Job(index, body)).toOpaque()
-        var thread = pthread_t()
-        let rc = pthread_create(
-            &thread, nil,
-            { raw in
-                let job = Unmanaged<Job>.fromOpaque(raw!).takeRetainedValue()
-                job.body(job.index)
-                return nil
-            }, job)
-        precondition(rc == 0, "pthread_create: \(rc)")
-        threads.append(thread)
-    }
-    for thread in threads { pthread_join(thread, nil) }
-}
-
 @Suite struct StoreConcurrencyTests {
     static let writers = 50
     static let batchesPerWriter = 4
@@ -62,7 +35,7 @@ func runStoreThreads(_ count: Int, _ body: @escaping @Sendable (Int) -> Void) {
         let failures = Mutex<[String]>([])
         let inserted = Atomic<Int>(0)
         let reported = Atomic<Int>(0)
-        runStoreThreads(Self.writers) { w in
+        runThreads(Self.writers) { w in
             let store = storeFor(w)
             for b in 0..<Self.batchesPerWriter {
                 let batch = JSONRef.array()
@@ -143,7 +116,7 @@ func runStoreThreads(_ count: Int, _ body: @escaping @Sendable (Int) -> Void) {
             let reader = try ItemStore(path: path)
             let torn = Mutex<[Int]>([])
             let done = Atomic<Bool>(false)
-            runStoreThreads(3) { role in
+            runThreads(3) { role in
                 if role == 0 {
                     for b in 0..<40 {
                         let batch = JSONRef.array()
