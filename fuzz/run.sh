@@ -81,10 +81,10 @@ fuzz)
     for t in "${targets[@]}"; do
         log=$FUZZ/.work/logs/$t.log
         stat() { sed -n "s/^stat::$1: *//p" "$log" | tail -1; }
-        cov=$(grep -oE 'cov: [0-9]+' "$log" | tail -1 | cut -d' ' -f2)
+        cov=$(grep -oE 'cov: [0-9]+' "$log" | tail -1 | cut -d' ' -f2 || true)
         printf '%-9s %9s runs  %6s/s  cov %5s  +%s corpus units  peak RSS %s MB\n' "$t" \
             "$(stat number_of_executed_units)" "$(stat average_exec_per_sec)" "${cov:-?}" \
-            "$(stat new_units_added)" "$(stat peak_rss_mb)"
+            "$(stat new_units_added)" "$(stat peak_rss_mb)" || true
         if grep -qE "ERROR: (libFuzzer|AddressSanitizer|LeakSanitizer)|fuzz oracle failed|Fatal error" "$log"; then
             failed=1
             echo "  FINDING in $t (log: ${log#"$ROOT"/}):"

@@ -101,8 +101,6 @@ public enum ConfigTarget {
         let options: JSONRef
         private let bench: Bench
         private var queued: OpID = 0
-        /// Whether "depends_on" names the failed or the cancelled fixture.
-        private(set) var namesEndedOperation = false
 
         init(_ bench: Bench, for doc: JSONRef) {
             self.bench = bench
@@ -128,7 +126,6 @@ public enum ConfigTarget {
                 let n = json_integer_value(item)
                 guard n > 0 && n < 1_000_000 else { continue }
                 json_array_set_new(copy, i, json_integer(json_int_t(ids[Int(n % 4)])))
-                if n % 4 == 1 || n % 4 == 2 { namesEndedOperation = true }
             }
         }
 
