@@ -47,6 +47,15 @@ static void check_json_eq(const json_t *got, const char *want_text, const char *
     json_decref(want);
 }
 
+/* The echoed request body (a string in the /echo document), parsed and
+ * compared with `want_text`. */
+static void check_sent_json(const json_t *echo, const char *want_text, const char *what) {
+    const char *sent = json_string_value(json_object_get(echo, "body"));
+    json_t *parsed = sent ? json_loads(sent, 0, NULL) : NULL;
+    check_json_eq(parsed, want_text, what);
+    json_decref(parsed);
+}
+
 /* Submits {"method": m, "url": url} (m may be NULL) with options text. */
 static fq_op_id submit_url(fq_queue *q, const char *method, const char *url,
                            const char *options_text, netrec *n) {
@@ -233,18 +242,12 @@ TEST(http_request_bodies) {
     v = n[2].r.value;
     h = json_object_get(v, "headers");
     CHECK_JSTR(h, "content-type", "application/vnd.test+json");
-    sent = json_string_value(json_object_get(v, "body"));
-    parsed = sent ? json_loads(sent, 0, NULL) : NULL;
-    check_json_eq(parsed, "[1, 2, 3]", "the PATCH body");
-    json_decref(parsed);
+    check_sent_json(v, "[1, 2, 3]", "the PATCH body");
 
     v = n[3].r.value;
     h = json_object_get(v, "headers");
     CHECK_JSTR(h, "content-type", "application/json");
-    sent = json_string_value(json_object_get(v, "body"));
-    parsed = sent ? json_loads(sent, 0, NULL) : NULL;
-    check_json_eq(parsed, "[{\"a\": {}}, []]", "the array body");
-    json_decref(parsed);
+    check_sent_json(v, "[{\"a\": {}}, []]", "the array body");
 
     v = n[4].r.value;
     h = json_object_get(v, "headers");
