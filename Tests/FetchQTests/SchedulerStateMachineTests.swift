@@ -13,7 +13,7 @@ import Testing
 
     func completed(_ actions: [Machine.Action]) -> [(OpID, Outcome, FQStatus, String)] {
         actions.compactMap {
-            if case .complete(let id, let o, let s, let m) = $0 { return (id, o, s, m) } else { return nil }
+            if case .complete(let id, let o, let s, let r) = $0 { return (id, o, s, r.message(for: id)) } else { return nil }
         }
     }
 

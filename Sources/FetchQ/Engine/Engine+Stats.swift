@@ -25,12 +25,11 @@ extension Engine {
         counters(root, machine.counters)
         put(root, "undelivered", outstandingTotal - machine.counters.queued - machine.counters.running)
         let perQueue = json_object()!
-        for (id, queue) in machine.queues where !queue.closed {
+        for case let queue? in machine.queues where !queue.closed {
             let q = json_object()!
             counters(q, queue.counters)
             put(q, "max_concurrent", queue.maxConcurrent)
             json_object_set_new(q, "suspended", queue.suspended ? json_true() : json_false())
-            _ = id
             json_object_set_new(perQueue, queue.name, q)
         }
         json_object_set_new(root, "queues", perQueue)

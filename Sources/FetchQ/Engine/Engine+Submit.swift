@@ -126,7 +126,7 @@ extension Engine {
         parent.family = family
         family.parent = parentID
         live[parentID] = parent
-        outstanding[queue.id, default: 0] += family.children.count + 1
+        outstanding[queue.id] += family.children.count + 1
         outstandingTotal += family.children.count + 1
         let work = resolve(actions + more)
         lock.unlock()
@@ -197,7 +197,7 @@ extension Engine {
         caller.shared = shared
         shared.callers.append(caller)
         live[id] = caller
-        outstanding[queue, default: 0] += 1
+        outstanding[queue] += 1
         outstandingTotal += 1
         actions += more
         if common.priority.rawValue > shared.priority.rawValue {
@@ -240,7 +240,7 @@ extension Engine {
             fatalError("unreachable")
         }
         live[id] = Operation(id: id, queue: queue, qos: common.qos, body: body, completion: completion, engine: self)
-        outstanding[queue, default: 0] += 1
+        outstanding[queue] += 1
         outstandingTotal += 1
         let work = resolve(actions)
         lock.unlock()

@@ -21,10 +21,10 @@ public final class Engine: @unchecked Sendable {
     let logSink = LogSink()
     let lock = ConditionLock()
     var machine: Machine
-    var live: [OpID: Operation] = [:]
+    var live = IDTable<Operation>()
     var queues: [QueueID: Queue] = [:]
     /// Operations submitted whose callback has not returned yet.
-    var outstanding: [QueueID: Int] = [:]
+    var outstanding = QueueCounts()
     var outstandingTotal = 0
     var shuttingDown = false
     var eventHandler: EventHandler?
@@ -224,7 +224,7 @@ public final class Engine: @unchecked Sendable {
                 guard let op = live[id] else { continue }
                 op.dependencies = dependencies
                 work.append(.start(op))
-            case .complete(let id, let outcome, let status, let message):
+            case .complete(let id, let outcome, let status, let reason):
                 guard let op = live.removeValue(forKey: id) else { continue }
                 if let shared = op.carries {
                     // A carrier that never ran (cancelled, waited too long):
@@ -232,14 +232,14 @@ public final class Engine: @unchecked Sendable {
                     shared.done = true
                     if coalesced[shared.key] === shared { coalesced[shared.key] = nil }
                     for caller in shared.callers {
-                        // Each caller's own id in its message, not the internal carrier's.
-                        let own = message.replacing("operation \(id) ", with: "operation \(caller.id) ")
-                        actions += endAttached(caller, outcome, status, own, &work)
+                        // Each caller's own id in its message (the reason is
+                        // formatted with the caller's id), not the internal carrier's.
+                        actions += endAttached(caller, outcome, status, reason, &work)
                     }
                     shared.callers = []
                     continue
                 }
-                let result = OperationResult(id: id, outcome: outcome, status: status, message: message, value: nil)
+                let result = OperationResult(id: id, outcome: outcome, status: status, reason: reason)
                 delivery.post(.completion(result, op.completion, op.queue))
                 actions += familyEnded(op, result, &work)
             case .cancelRunning(let id):
@@ -249,7 +249,7 @@ public final class Engine: @unchecked Sendable {
                     // A coalesced caller detaches; the last one out cancels the transfer.
                     shared.callers.removeAll { $0 === op }
                     op.shared = nil
-                    actions += endAttached(op, .cancelled, .cancelled, "operation \(id) was cancelled", &work)
+                    actions += endAttached(op, .cancelled, .cancelled, .cancelled, &work)
                     if shared.callers.isEmpty && !shared.done {
                         if coalesced[shared.key] === shared { coalesced[shared.key] = nil }
                         if case .success(let more) = machine.cancel(shared.carrier, now: monotonicNanos()) { actions += more }
@@ -265,10 +265,10 @@ public final class Engine: @unchecked Sendable {
     }
 
     /// With the lock held: ends a coalesced caller that has not got its result.
-    func endAttached(_ caller: Operation, _ outcome: Outcome, _ status: FQStatus, _ message: String,
-                             _ work: inout [Work]) -> [Machine.Action] {
+    func endAttached(_ caller: Operation, _ outcome: Outcome, _ status: FQStatus, _ reason: EndReason,
+                     _ work: inout [Work]) -> [Machine.Action] {
         guard machine.state(of: caller.id) == .attached else { return [] }
-        let result = OperationResult(id: caller.id, outcome: outcome, status: status, message: message, value: nil)
+        let result = OperationResult(id: caller.id, outcome: outcome, status: status, reason: reason)
         live[caller.id] = nil
         delivery.post(.completion(result, caller.completion, caller.queue))
         return machine.finished(caller.id, outcome, payload: result, now: monotonicNanos())
@@ -387,9 +387,8 @@ public final class Engine: @unchecked Sendable {
         lock.lock()
         var wake = false
         for queue in queues {
-            let left = outstanding[queue, default: 1] - 1
-            outstanding[queue] = left == 0 ? nil : left
-            if left == 0 { wake = true }
+            outstanding[queue] -= 1
+            if outstanding[queue] == 0 { wake = true }
         }
         outstandingTotal -= queues.count
         if outstandingTotal == 0 { wake = true }
@@ -417,7 +416,7 @@ public final class Engine: @unchecked Sendable {
     func wait(queue: QueueID?, timeoutMs: Int) -> FQStatus {
         guard !onOwnThread else { return .state }
         let until = deadline(afterMs: timeoutMs)
-        let pending = { [self] in queue.map { outstanding[$0] ?? 0 } ?? outstandingTotal }
+        let pending = { [self] in queue.map { outstanding[$0] } ?? outstandingTotal }
         if delivery.mode == .poll {
             while true {
                 _ = delivery.dispatch(max: 0)

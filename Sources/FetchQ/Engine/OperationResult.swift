@@ -1,5 +1,6 @@
 import CJansson
 import Glibc
+import Synchronization
 
 /// How an operation ended, as handed to its completion callback.
 /// Immutable; `@unchecked Sendable` because its C string is owned and
@@ -9,12 +10,14 @@ public final class OperationResult: @unchecked Sendable {
     public let outcome: Outcome
     /// `.ok` on success, else why it failed or was cancelled.
     public let status: FQStatus
-    /// Why it failed or was cancelled; nil on success.
-    public let message: String?
+    /// Why it failed or was cancelled; nil on success. Formatted on first
+    /// use (a cancel-all ends many operations whose messages nobody reads).
+    private let reason: EndReason?
+    public var message: String? { reason?.message(for: id) }
     /// The operation's value (nil if none).
     public let value: JSONRef?
-    /// `message` as a C string for the C ABI (valid as long as the result).
-    public let messageCString: UnsafeMutablePointer<CChar>?
+    /// `message` as a C string, made on first use (see `messageCString`).
+    private let cMessage = Atomic<UInt>(0)
     /// Status, headers, body and metrics of network operations; nil otherwise.
     public let http: HTTPInfo?
     /// The response came from the HTTP cache (fresh, or revalidated with a 304).
@@ -25,9 +28,8 @@ public final class OperationResult: @unchecked Sendable {
         self.http = http
         self.outcome = outcome
         self.status = status
-        self.message = message
+        self.reason = message.map { .text($0) }
         self.value = value
-        messageCString = message.map { strdup($0) }
         if let body = http?.body, !body.isEmpty {
             let copy = UnsafeMutableBufferPointer<UInt8>.allocate(capacity: body.count)
             _ = copy.initialize(from: body)
@@ -37,11 +39,36 @@ public final class OperationResult: @unchecked Sendable {
         }
     }
 
+    /// An operation the scheduler ended before it started.
+    init(id: OpID, outcome: Outcome, status: FQStatus, reason: EndReason) {
+        self.id = id
+        self.http = nil
+        self.outcome = outcome
+        self.status = status
+        self.reason = reason
+        self.value = nil
+        bodyBytes = nil
+    }
+
+    /// `message` as a C string for the C ABI, valid as long as the result.
+    /// Made once; callers on several threads (dependents reading a
+    /// dependency's result) race to install it and the loser frees its copy.
+    public var messageCString: UnsafeMutablePointer<CChar>? {
+        let current = cMessage.load(ordering: .acquiring)
+        if current != 0 { return UnsafeMutablePointer(bitPattern: current) }
+        guard let message, let copy = strdup(message) else { return nil }
+        let bits = UInt(bitPattern: copy)
+        let (won, installed) = cMessage.compareExchange(expected: 0, desired: bits, ordering: .acquiringAndReleasing)
+        if won { return copy }
+        free(copy)
+        return UnsafeMutablePointer(bitPattern: installed)
+    }
+
     /// The response body at a stable address for the C ABI (fq_result_body).
     public let bodyBytes: UnsafeBufferPointer<UInt8>?
 
     deinit {
-        free(messageCString)
+        free(UnsafeMutablePointer<CChar>(bitPattern: cMessage.load(ordering: .acquiring)))
         bodyBytes?.deallocate()
     }
 }

@@ -56,7 +56,7 @@ struct SchedulerStateMachine<Payload> {
         case start(OpID, dependencies: [Dependency])
         /// The scheduler ended an operation that never started (cancelled,
         /// dependency failed, queue timeout): deliver its completion.
-        case complete(OpID, Outcome, FQStatus, String)
+        case complete(OpID, Outcome, FQStatus, EndReason)
         /// A running operation was cancelled: tell its body / abort its I/O.
         case cancelRunning(OpID)
     }
@@ -86,7 +86,8 @@ struct SchedulerStateMachine<Payload> {
     /// waiting: for dependencies; ready: for a slot; running: holds a slot;
     /// backoff: between two attempts (no slot) until its retry time;
     /// attached: sharing another operation's transfer (no slot).
-    enum OpState { case waiting, ready, running, backoff, attached }
+    /// finished: remembered for depends_on (see Config.history), no longer live.
+    enum OpState { case waiting, ready, running, backoff, attached, finished }
 
     /// A finished dependency as the dependent sees it (data passing).
     struct Dependency {
@@ -109,23 +110,36 @@ struct SchedulerStateMachine<Payload> {
         var edge: Edge
     }
 
+    /// One operation, live or remembered after it finished. Stored by value
+    /// in `slots` and found through `index`; fields are read and written in
+    /// place (copying an `Op` would retain its arrays).
     struct Op {
-        var queue: QueueID
-        var level: Int
-        var qos: Int
-        var seq: UInt64
-        var group: String?
-        var host: String?
+        var id: OpID = 0
+        var queue: QueueID = 0
+        var seq: UInt64 = 0
+        var readySince: UInt64 = 0
+        var group: String? = nil
+        /// Index into `hosts`; 0 for operations without a host.
+        var host: Int32 = 0
+        var level: Int8 = 0
+        var qos: Int8 = 0
         var state: OpState = .waiting
-        var waitingOn = 0
+        var cancelRequested = false
+        var isBarrier = false
+        var isInternal = false
+        /// Finished: ended by a cancel of its own (not a failed dependency).
+        var cancelledByOwn = false
+        var outcome: Outcome = .succeeded
+        var waitingOn: Int32 = 0
+        /// The queue's list of unfinished operations (slot numbers, -1 none).
+        var prev: Int32 = -1
+        var next: Int32 = -1
         var dependents: [Dependent] = []
         /// Strict and collect dependencies, for cycle checks.
         var dependencies: [OpID] = []
         var dependencyPayloads: [Dependency] = []
-        var readySince: UInt64 = 0
-        var cancelRequested = false
-        var isBarrier = false
-        var isInternal = false
+        /// Finished: the result kept for later dependents.
+        var payload: Payload? = nil
     }
 
     struct Counters {
@@ -145,11 +159,20 @@ struct SchedulerStateMachine<Payload> {
         }
     }
 
-    /// Ready operations of one queue for one host: one FIFO per
-    /// (priority level, QoS), so equal priorities go by QoS, then by age.
+    /// Ready operations of one queue for one host. Its 25 FIFOs, one per
+    /// (priority level, QoS) so equal priorities go by QoS then by age, are
+    /// `rings[lane * 25 + slot]`; `mask` has a bit per non-empty FIFO.
     struct Lane {
-        var rings = [Ring<OpID>](repeating: Ring(), count: 25)
+        var queue: QueueID
+        var host: Int32
+        var mask: UInt32 = 0
         static func slot(level: Int, qos: Int) -> Int { level * 5 + qos }
+    }
+
+    /// A ready-FIFO entry: the slot, and the id to notice a reused slot.
+    struct Entry {
+        var id: OpID
+        var slot: Int32
     }
 
     struct Queue {
@@ -157,65 +180,150 @@ struct SchedulerStateMachine<Payload> {
         var maxConcurrent: Int
         var suspended = false
         var closed = false
-        var lanes: [String: Lane] = [:]
+        /// Lane number by host index (-1: none yet), and the lanes in use.
+        var laneByHost: [Int32] = []
+        var lanes: [Int32] = []
         var readyCount = 0
-        var unfinished: Set<OpID> = []
+        /// Unfinished operations, oldest first (a list through `Op.prev/next`).
+        var head: Int32 = -1
+        var tail: Int32 = -1
+        var unfinishedCount = 0
         var openBarrier: OpID? = nil
         var counters = Counters()
     }
 
-    struct Finished {
-        var outcome: Outcome
-        var payload: Payload?
-        /// Ended by a cancel of its own (not a failed dependency).
-        var cancelled = false
+    /// A host's running count and token bucket (index 0: no host).
+    struct Host {
+        var name: String
+        var running = 0
+        var bucket: Bucket? = nil
+        var bucketMade = false
     }
 
     private(set) var config: Config
-    private(set) var ops: [OpID: Op] = [:]
-    private(set) var queues: [QueueID: Queue] = [:]
+    /// Operations by slot; free slots are listed in `freeSlots`.
+    private var slots: [Op] = []
+    private var freeSlots: [Int32] = []
+    /// Slot by id, for live operations and those remembered in history.
+    private var index = IDTable<Int32>()
+    /// Live operations (not finished).
+    private(set) var liveCount = 0
+    /// By QueueID (index 0 unused); nil once a closed queue is done.
+    private(set) var queues: [Queue?] = [nil]
     private(set) var counters = Counters()
-    private var hostRunning: [String: Int] = [:]
+    private var lanes: [Lane] = []
+    private var rings: [Ring<Entry>] = []
+    private var hosts: [Host] = [Host(name: "")]
+    private var hostIndex: [String: Int32] = [:]
     private var groups: [String: Set<OpID>] = [:]
-    private var history: [OpID: Finished] = [:]
-    private var historyOrder = Ring<OpID>()
-    private var valueOrder = Ring<OpID>()
+    /// Slots of finished operations, oldest first.
+    private var historyOrder = Ring<Int32>()
+    /// Finished network operations holding a value, oldest first.
+    private var valueOrder = Ring<Entry>()
     /// Values dropped from history, to be released by the runtime after it
     /// unlocks (freeing a big parsed document must not hold the lock).
     private(set) var released: [Payload] = []
     private var deadlines = MinHeap<OpID>()
     /// Operations in backoff, by retry time.
     private var retries = MinHeap<OpID>()
-    private var buckets: [String: Bucket] = [:]
     /// The earliest time a token frees an operation held back by a rate limit.
     private var rateWake: UInt64? = nil
     private var nextOpID: OpID = 1
-    private var nextQueueID: QueueID = 1
     private var nextSeq: UInt64 = 0
-    /// Queue ids in creation order (iterated without touching `queues`'
-    /// storage, so mutating a queue never forces a copy).
+    /// Open queue ids in creation order.
     private var queueOrder: [QueueID] = []
 
     init(config: Config = Config()) {
         self.config = config
     }
 
+    // MARK: - Slots
+
+    /// The slot of a live operation.
+    @inline(__always)
+    private func liveSlot(_ id: OpID) -> Int? {
+        guard let s = index[id] else { return nil }
+        return slots[Int(s)].state == .finished ? nil : Int(s)
+    }
+
+    /// The slot of a finished operation still remembered.
+    private func finishedSlot(_ id: OpID) -> Int? {
+        guard let s = index[id] else { return nil }
+        return slots[Int(s)].state == .finished ? Int(s) : nil
+    }
+
+    private mutating func allocate(_ op: Op) -> Int {
+        if let s = freeSlots.popLast() {
+            slots[Int(s)] = op
+            return Int(s)
+        }
+        slots.append(op)
+        return slots.count - 1
+    }
+
+    private mutating func freeSlot(_ s: Int) {
+        index.removeValue(forKey: slots[s].id)
+        slots[s] = Op()
+        freeSlots.append(Int32(s))
+    }
+
+    private mutating func hostNumber(_ name: String) -> Int32 {
+        if let h = hostIndex[name] { return h }
+        hosts.append(Host(name: name))
+        let h = Int32(hosts.count - 1)
+        hostIndex[name] = h
+        return h
+    }
+
+    private mutating func listAppend(_ s: Int, queue q: QueueID) {
+        let tail = queues[q]!.tail
+        slots[s].prev = tail
+        slots[s].next = -1
+        if tail >= 0 { slots[Int(tail)].next = Int32(s) } else { queues[q]!.head = Int32(s) }
+        queues[q]!.tail = Int32(s)
+        queues[q]!.unfinishedCount += 1
+    }
+
+    private mutating func listRemove(_ s: Int) {
+        let q = slots[s].queue
+        let prev = slots[s].prev, next = slots[s].next
+        if prev >= 0 { slots[Int(prev)].next = next } else { queues[q]!.head = next }
+        if next >= 0 { slots[Int(next)].prev = prev } else { queues[q]!.tail = prev }
+        slots[s].prev = -1
+        slots[s].next = -1
+        queues[q]!.unfinishedCount -= 1
+    }
+
+    /// Ids of a queue's unfinished operations, newest first.
+    private func unfinished(of q: QueueID) -> [OpID] {
+        guard let queue = queues[q] else { return [] }
+        var ids: [OpID] = []
+        ids.reserveCapacity(queue.unfinishedCount)
+        var s = queue.tail
+        while s >= 0 {
+            ids.append(slots[Int(s)].id)
+            s = slots[Int(s)].prev
+        }
+        return ids
+    }
+
+    private func queueExists(_ q: QueueID) -> Bool { q > 0 && q < queues.count && queues[q] != nil }
+
     // MARK: - Queues
 
     mutating func addQueue(name: String, maxConcurrent: Int) -> QueueID {
-        let id = nextQueueID
-        nextQueueID += 1
-        queues[id] = Queue(name: name, maxConcurrent: maxConcurrent)
+        queues.append(Queue(name: name, maxConcurrent: maxConcurrent))
+        let id = queues.count - 1
         queueOrder.append(id)
         return id
     }
 
     func queueNamed(_ name: String) -> QueueID? {
-        queues.first(where: { $0.value.name == name && !$0.value.closed })?.key
+        queueOrder.first { queues[$0]!.name == name && !queues[$0]!.closed }
     }
 
     mutating func setMaxConcurrent(_ queue: QueueID, _ n: Int, now: UInt64) -> [Action] {
-        guard queues[queue] != nil else { return [] }
+        guard queueExists(queue) else { return [] }
         queues[queue]!.maxConcurrent = n
         var actions: [Action] = []
         schedule(now: now, into: &actions)
@@ -223,7 +331,7 @@ struct SchedulerStateMachine<Payload> {
     }
 
     mutating func setSuspended(_ queue: QueueID, _ suspended: Bool, now: UInt64) -> [Action] {
-        guard queues[queue] != nil else { return [] }
+        guard queueExists(queue) else { return [] }
         queues[queue]!.suspended = suspended
         var actions: [Action] = []
         if !suspended { schedule(now: now, into: &actions) }
@@ -233,16 +341,16 @@ struct SchedulerStateMachine<Payload> {
     /// The queue's handle was freed: cancel what has not started, and forget
     /// the queue once its running operations are done.
     mutating func closeQueue(_ queue: QueueID, now: UInt64) -> [Action] {
-        guard queues[queue] != nil else { return [] }
+        guard queueExists(queue) else { return [] }
         queues[queue]!.closed = true
-        let notStarted = queues[queue]!.unfinished.filter { ops[$0]?.state != .running }
-        let actions = cancelMany(Array(notStarted), now: now).actions
+        let notStarted = unfinished(of: queue).filter { liveSlot($0).map { slots[$0].state != .running } ?? false }
+        let actions = cancelMany(notStarted, sorted: true, now: now).actions
         removeQueueIfDone(queue)
         return actions
     }
 
     private mutating func removeQueueIfDone(_ queue: QueueID) {
-        if let q = queues[queue], q.closed, q.unfinished.isEmpty {
+        if queues[queue]?.closed == true && queues[queue]?.unfinishedCount == 0 {
             queues[queue] = nil
             queueOrder.removeAll { $0 == queue }
         }
@@ -253,82 +361,96 @@ struct SchedulerStateMachine<Payload> {
     /// Adds an operation. Fails (and changes nothing) for an unknown or
     /// closed queue, or an unknown dependency.
     mutating func submit(_ spec: Spec, now: UInt64) -> Result<(OpID, [Action]), FetchQError> {
-        guard queues[spec.queue].map({ !$0.closed }) == true else {
+        var actions: [Action] = []
+        switch submit(spec, now: now, into: &actions) {
+        case .success(let id): return .success((id, actions))
+        case .failure(let error): return .failure(error)
+        }
+    }
+
+    mutating func submit(_ spec: Spec, now: UInt64, into actions: inout [Action]) -> Result<OpID, FetchQError> {
+        guard queueExists(spec.queue), !queues[spec.queue]!.closed else {
             return .failure(FetchQError(.invalid, "the queue has been freed"))
         }
         var deps: [OpID] = []
-        var seen = Set<OpID>()
-        for dep in spec.dependsOn where seen.insert(dep).inserted {
-            guard ops[dep] != nil || history[dep] != nil else {
-                return .failure(FetchQError(.notFound, Self.unknownMessage(dep, nextOpID: nextOpID, history: config.history)))
+        if !spec.dependsOn.isEmpty {
+            var seen = Set<OpID>()
+            for dep in spec.dependsOn where seen.insert(dep).inserted {
+                guard index[dep] != nil else {
+                    return .failure(FetchQError(.notFound, Self.unknownMessage(dep, nextOpID: nextOpID, history: config.history)))
+                }
+                deps.append(dep)
             }
-            deps.append(dep)
         }
-
 
         let id = nextOpID
         nextOpID += 1
         nextSeq += 1
-        var op = Op(queue: spec.queue, level: spec.priority.level, qos: spec.qos.rawValue, seq: nextSeq,
-                    group: spec.group, host: spec.host)
-        op.isBarrier = spec.barrier
-        ops[id] = op
-        queues[spec.queue]!.unfinished.insert(id)
-        ops[id]!.isInternal = spec.isInternal
+        let q = spec.queue
+        let s = allocate(Op(id: id, queue: q, seq: nextSeq, group: spec.group,
+                            host: spec.host.map { hostNumber($0) } ?? 0,
+                            level: Int8(spec.priority.level), qos: Int8(spec.qos.rawValue),
+                            isBarrier: spec.barrier, isInternal: spec.isInternal))
+        index.insert(id, Int32(s))
+        liveCount += 1
+        listAppend(s, queue: q)
         if !spec.isInternal {
-            queues[spec.queue]!.counters.submitted += 1
+            queues[q]!.counters.submitted += 1
             counters.submitted += 1
         }
-        queues[spec.queue]!.counters.queued += 1
+        queues[q]!.counters.queued += 1
         counters.queued += 1
         if let group = spec.group { groups[group, default: []].insert(id) }
         if spec.attached {
-            ops[id]!.state = .attached
-            return .success((id, []))
+            slots[s].state = .attached
+            return .success(id)
         }
         if let deadline = spec.startDeadline { deadlines.insert(id, key: deadline) }
 
-        var actions: [Action] = []
         // Ordering edges: a barrier waits for everything before it; everything
         // after an open barrier waits for the barrier.
         if spec.barrier {
-            let earlier = queues[spec.queue]!.unfinished.filter { $0 != id }
-            for other in earlier { link(id, after: other, edge: .order) }
-            queues[spec.queue]!.openBarrier = id
-        } else if let barrier = queues[spec.queue]!.openBarrier {
-            link(id, after: barrier, edge: .order)
+            var other = slots[s].prev
+            while other >= 0 {
+                link(s, after: Int(other), edge: .order)
+                other = slots[Int(other)].prev
+            }
+            queues[q]!.openBarrier = id
+        } else if let barrier = queues[q]!.openBarrier, let b = liveSlot(barrier) {
+            link(s, after: b, edge: .order)
         }
         for dep in spec.collects {
-            if ops[dep] != nil {
-                link(id, after: dep, edge: .collect)
+            if let d = liveSlot(dep) {
+                link(s, after: d, edge: .collect)
             } else {
                 // Already ended (e.g. at its own submit, its dependency had
                 // failed): collected as it ended, or as cancelled if forgotten.
-                let done = history[dep]
-                ops[id]!.dependencyPayloads.append(
-                    Dependency(id: dep, outcome: done?.outcome ?? .cancelled, payload: done?.payload))
+                let done = finishedSlot(dep)
+                slots[s].dependencyPayloads.append(
+                    Dependency(id: dep, outcome: done.map { slots[$0].outcome } ?? .cancelled,
+                               payload: done.flatMap { slots[$0].payload }))
             }
         }
         var failedDependency: (OpID, Outcome)? = nil
         for dep in deps {
-            if ops[dep] != nil {
-                link(id, after: dep, edge: .strict)
-            } else if let done = history[dep] {
-                ops[id]!.dependencies.append(dep)
-                if done.outcome == .succeeded {
-                    ops[id]!.dependencyPayloads.append(Dependency(id: dep, outcome: .succeeded, payload: done.payload))
+            if let d = liveSlot(dep) {
+                link(s, after: d, edge: .strict)
+            } else if let done = finishedSlot(dep) {
+                slots[s].dependencies.append(dep)
+                if slots[done].outcome == .succeeded {
+                    slots[s].dependencyPayloads.append(Dependency(id: dep, outcome: .succeeded, payload: slots[done].payload))
                 } else if failedDependency == nil {
-                    failedDependency = (dep, done.outcome)
+                    failedDependency = (dep, slots[done].outcome)
                 }
             }
         }
         if let (dep, outcome) = failedDependency {
-            end(id, .cancelled, .dependency, Self.dependencyMessage(dep, outcome), now: now, into: &actions)
-        } else if ops[id]!.waitingOn == 0 {
-            makeReady(id, now: now)
+            end(s, .cancelled, .dependency, .dependency(dep, outcome), now: now, into: &actions)
+        } else if slots[s].waitingOn == 0 {
+            makeReady(s, now: now)
         }
         schedule(now: now, into: &actions)
-        return .success((id, actions))
+        return .success(id)
     }
 
     private static func unknownMessage(_ dep: OpID, nextOpID: OpID, history: Int) -> String {
@@ -338,47 +460,45 @@ struct SchedulerStateMachine<Payload> {
         return "no operation \(dep)"
     }
 
-    private static func dependencyMessage(_ dep: OpID, _ outcome: Outcome) -> String {
-        "dependency \(dep) \(outcome == .cancelled ? "was cancelled" : "failed")"
-    }
-
-    private mutating func link(_ id: OpID, after dep: OpID, edge: Edge) {
-        ops[dep]!.dependents.append(Dependent(id: id, edge: edge))
-        ops[id]!.waitingOn += 1
-        if edge != .order { ops[id]!.dependencies.append(dep) }
+    /// Slot `s` waits for slot `d`.
+    private mutating func link(_ s: Int, after d: Int, edge: Edge) {
+        slots[d].dependents.append(Dependent(id: slots[s].id, edge: edge))
+        slots[s].waitingOn += 1
+        if edge != .order { slots[s].dependencies.append(slots[d].id) }
     }
 
     // MARK: - Dependencies added later
 
     /// Makes `id` also wait for `dep` (NSOperation.addDependency).
     mutating func addDependency(_ id: OpID, on dep: OpID, now: UInt64) -> Result<[Action], FetchQError> {
-        guard let op = ops[id] else {
+        guard let s = liveSlot(id) else {
             return .failure(FetchQError(.notFound, "no unfinished operation \(id)"))
         }
-        guard op.state == .waiting || op.state == .ready else {
+        let state = slots[s].state
+        guard state == .waiting || state == .ready else {
             return .failure(FetchQError(.state, "operation \(id) has already started"))
         }
         if dep == id {
             return .failure(FetchQError(.cycle, "operation \(id) cannot depend on itself"))
         }
-        if ops[dep] != nil {
+        if let d = liveSlot(dep) {
             if waits(dep, on: id) {
                 return .failure(FetchQError(.cycle, "operation \(dep) already waits for \(id): the dependency would create a cycle"))
             }
-            if op.dependencies.contains(dep) { return .success([]) }
-            link(id, after: dep, edge: .strict)
-            if op.state == .ready { unready(id) }
+            if slots[s].dependencies.contains(dep) { return .success([]) }
+            link(s, after: d, edge: .strict)
+            if state == .ready { unready(s) }
             return .success([])
         }
-        guard let done = history[dep] else {
+        guard let done = finishedSlot(dep) else {
             return .failure(FetchQError(.notFound, Self.unknownMessage(dep, nextOpID: nextOpID, history: config.history)))
         }
         var actions: [Action] = []
-        ops[id]!.dependencies.append(dep)
-        if done.outcome == .succeeded {
-            ops[id]!.dependencyPayloads.append(Dependency(id: dep, outcome: .succeeded, payload: done.payload))
+        slots[s].dependencies.append(dep)
+        if slots[done].outcome == .succeeded {
+            slots[s].dependencyPayloads.append(Dependency(id: dep, outcome: .succeeded, payload: slots[done].payload))
         } else {
-            end(id, .cancelled, .dependency, Self.dependencyMessage(dep, done.outcome), now: now, into: &actions)
+            end(s, .cancelled, .dependency, .dependency(dep, slots[done].outcome), now: now, into: &actions)
             schedule(now: now, into: &actions)
         }
         return .success(actions)
@@ -389,8 +509,8 @@ struct SchedulerStateMachine<Payload> {
         var stack = [start]
         var seen: Set<OpID> = [start]
         while let current = stack.popLast() {
-            guard let op = ops[current] else { continue }
-            for dep in op.dependencies where ops[dep] != nil {
+            guard let s = liveSlot(current) else { continue }
+            for dep in slots[s].dependencies where liveSlot(dep) != nil {
                 if dep == target { return true }
                 if seen.insert(dep).inserted { stack.append(dep) }
             }
@@ -401,17 +521,17 @@ struct SchedulerStateMachine<Payload> {
     // MARK: - Priority
 
     mutating func setPriority(_ id: OpID, _ priority: Priority, now: UInt64) -> Result<[Action], FetchQError> {
-        guard let op = ops[id] else {
+        guard let s = liveSlot(id) else {
             return .failure(FetchQError(.notFound, "no unfinished operation \(id)"))
         }
-        guard op.state != .running else {
+        guard slots[s].state != .running else {
             return .failure(FetchQError(.state, "operation \(id) has already started"))
         }
-        guard op.level != priority.level else { return .success([]) }
-        ops[id]!.level = priority.level
-        if op.state == .ready {
-            // The old ring entry goes stale (its level no longer matches).
-            queues[op.queue]!.lanes[op.host ?? "", default: Lane()].rings[Lane.slot(level: priority.level, qos: op.qos)].append(id)
+        guard Int(slots[s].level) != priority.level else { return .success([]) }
+        slots[s].level = Int8(priority.level)
+        if slots[s].state == .ready {
+            // The old FIFO entry goes stale (its level no longer matches).
+            enqueueReady(s)
         }
         var actions: [Action] = []
         schedule(now: now, into: &actions)
@@ -423,51 +543,59 @@ struct SchedulerStateMachine<Payload> {
     /// Cancels one operation. Not started: it ends now. Running: the runtime
     /// is told to abort it; it ends when the runtime reports `finished`.
     mutating func cancel(_ id: OpID, now: UInt64) -> Result<[Action], FetchQError> {
-        guard ops[id] != nil else {
+        guard let s = liveSlot(id) else {
             // Cancelling twice is harmless, while the operation is remembered.
-            if history[id]?.cancelled == true { return .success([]) }
-            return .failure(FetchQError(.notFound, history[id] != nil
-                ? "operation \(id) has already finished" : "no operation \(id)"))
+            if let f = finishedSlot(id) {
+                if slots[f].cancelledByOwn { return .success([]) }
+                return .failure(FetchQError(.notFound, "operation \(id) has already finished"))
+            }
+            return .failure(FetchQError(.notFound, "no operation \(id)"))
         }
         var actions: [Action] = []
-        cancelOne(id, now: now, into: &actions)
+        cancelOne(s, now: now, into: &actions)
         schedule(now: now, into: &actions)
         return .success(actions)
     }
 
     mutating func cancelGroup(_ group: String, now: UInt64) -> (count: Int, actions: [Action]) {
-        cancelMany(groups[group].map { Array($0) } ?? [], now: now)
+        cancelMany(groups[group].map { Array($0) } ?? [], sorted: false, now: now)
     }
 
     mutating func cancelAll(now: UInt64) -> (count: Int, actions: [Action]) {
-        cancelMany(Array(ops.keys), now: now)
+        let open = queueOrder
+        if open.count == 1 { return cancelMany(unfinished(of: open[0]), sorted: true, now: now) }
+        return cancelMany(open.flatMap { unfinished(of: $0) }, sorted: false, now: now)
     }
 
     mutating func cancelQueue(_ queue: QueueID, now: UInt64) -> (count: Int, actions: [Action]) {
-        cancelMany(queues[queue].map { Array($0.unfinished) } ?? [], now: now)
+        cancelMany(unfinished(of: queue), sorted: true, now: now)
     }
 
-    private mutating func cancelMany(_ ids: [OpID], now: UInt64) -> (count: Int, actions: [Action]) {
+    /// `sorted`: `ids` are already newest first.
+    private mutating func cancelMany(_ ids: [OpID], sorted: Bool, now: UInt64) -> (count: Int, actions: [Action]) {
         var actions: [Action] = []
+        actions.reserveCapacity(ids.count)
         var count = 0
         // Highest id first: dependents are usually submitted after their
         // dependencies, so each reports its own cancellation rather than a
         // dependency failure.
-        for id in ids.sorted(by: >) where ops[id] != nil && !ops[id]!.cancelRequested {
+        for id in sorted ? ids : ids.sorted(by: >) {
+            guard let s = liveSlot(id), !slots[s].cancelRequested else { continue }
             count += 1
-            cancelOne(id, now: now, into: &actions)
+            cancelOne(s, now: now, into: &actions)
         }
         schedule(now: now, into: &actions)
         return (count, actions)
     }
 
-    private mutating func cancelOne(_ id: OpID, now: UInt64, into actions: inout [Action]) {
-        guard let op = ops[id], !op.cancelRequested else { return }
-        if op.state == .running || op.state == .attached {
-            ops[id]!.cancelRequested = true
-            actions.append(.cancelRunning(id))
+    private mutating func cancelOne(_ s: Int, now: UInt64, into actions: inout [Action]) {
+        guard !slots[s].cancelRequested else { return }
+        let state = slots[s].state
+        if state == .running || state == .attached {
+            slots[s].cancelRequested = true
+            actions.append(.cancelRunning(slots[s].id))
         } else {
-            end(id, .cancelled, .cancelled, "operation \(id) was cancelled", now: now, into: &actions)
+            end(s, .cancelled, .cancelled, .cancelled, now: now, into: &actions)
         }
     }
 
@@ -475,136 +603,186 @@ struct SchedulerStateMachine<Payload> {
 
     /// The runtime reports that a running operation ended.
     mutating func finished(_ id: OpID, _ outcome: Outcome, payload: Payload?, now: UInt64) -> [Action] {
-        guard let op = ops[id], op.state == .running || op.state == .attached else { return [] }
-        ops[id] = nil
         var actions: [Action] = []
-        if op.state == .attached {
-            queues[op.queue]!.counters.queued -= 1
+        finished(id, outcome, payload: payload, now: now, into: &actions)
+        return actions
+    }
+
+    mutating func finished(_ id: OpID, _ outcome: Outcome, payload: Payload?, now: UInt64,
+                           into actions: inout [Action]) {
+        guard let s = liveSlot(id) else { return }
+        let state = slots[s].state
+        guard state == .running || state == .attached else { return }
+        let q = slots[s].queue
+        if state == .attached {
+            queues[q]!.counters.queued -= 1
             counters.queued -= 1
         } else {
-            queues[op.queue]!.counters.running -= 1
+            queues[q]!.counters.running -= 1
             counters.running -= 1
-            if let host = op.host { hostRunning[host, default: 1] -= 1 }
+            hosts[Int(slots[s].host)].running -= 1
         }
-        retire([(id, op, outcome, payload, outcome == .cancelled && op.cancelRequested)], now: now, into: &actions)
+        retire(s, outcome, payload, byCancel: outcome == .cancelled && slots[s].cancelRequested, now: now, into: &actions)
         schedule(now: now, into: &actions)
-        return actions
     }
 
     /// Ends an operation that has not started, and everything that strictly
     /// depends on it.
-    private mutating func end(_ id: OpID, _ outcome: Outcome, _ status: FQStatus, _ message: String,
+    private mutating func end(_ s: Int, _ outcome: Outcome, _ status: FQStatus, _ reason: EndReason,
                               now: UInt64, into actions: inout [Action]) {
-        if let op = markEnded(id, outcome, status, message, into: &actions) {
-            retire([(id, op, outcome, nil, status == .cancelled)], now: now, into: &actions)
+        if markEnded(s, outcome, status, reason, into: &actions) {
+            retire(s, outcome, nil, byCancel: status == .cancelled, now: now, into: &actions)
         }
     }
 
-    /// Removes a not-started operation, counts it and emits its completion.
-    private mutating func markEnded(_ id: OpID, _ outcome: Outcome, _ status: FQStatus, _ message: String,
-                                    into actions: inout [Action]) -> Op? {
-        guard let op = ops[id], op.state != .running, op.state != .attached else { return nil }
-        ops[id] = nil
-        if op.state == .ready { queues[op.queue]!.readyCount -= 1 }
-        queues[op.queue]!.counters.queued -= 1
+    /// Counts a not-started operation as ended and emits its completion.
+    private mutating func markEnded(_ s: Int, _ outcome: Outcome, _ status: FQStatus, _ reason: EndReason,
+                                    into actions: inout [Action]) -> Bool {
+        let state = slots[s].state
+        guard state != .running, state != .attached, state != .finished else { return false }
+        let q = slots[s].queue
+        if state == .ready { queues[q]!.readyCount -= 1 }
+        queues[q]!.counters.queued -= 1
         counters.queued -= 1
-        actions.append(.complete(id, outcome, status, message))
-        return op
+        // No longer live from here on: `retire` books it (a cascade must
+        // not end it twice through a second failed dependency).
+        slots[s].state = .finished
+        slots[s].outcome = outcome
+        actions.append(.complete(slots[s].id, outcome, status, reason))
+        return true
     }
 
-    /// Books removed operations as finished and settles their dependents.
+    /// Books ended operations as finished and settles their dependents.
     /// Iterative, so a long chain of failures cannot overflow the stack.
-    private mutating func retire(_ first: [(OpID, Op, Outcome, Payload?, Bool)], now: UInt64,
-                                 into actions: inout [Action]) {
-        var pending = first
-        while let (id, op, outcome, payload, byCancel) = pending.popLast() {
-            queues[op.queue]!.unfinished.remove(id)
-            if !op.isInternal {
-                queues[op.queue]!.counters.count(outcome)
+    private mutating func retire(_ first: Int, _ outcome: Outcome, _ payload: Payload?, byCancel: Bool,
+                                 now: UInt64, into actions: inout [Action]) {
+        var pending: [(Int, Outcome, Payload?, Bool)] = []
+        var current: (Int, Outcome, Payload?, Bool)? = (first, outcome, payload, byCancel)
+        while let (s, outcome, payload, byCancel) = current {
+            current = pending.popLast()
+            let id = slots[s].id
+            let q = slots[s].queue
+            listRemove(s)
+            liveCount -= 1
+            if !slots[s].isInternal {
+                queues[q]!.counters.count(outcome)
                 counters.count(outcome)
             }
-            if queues[op.queue]!.openBarrier == id { queues[op.queue]!.openBarrier = nil }
-            if let group = op.group {
+            if queues[q]!.openBarrier == id { queues[q]!.openBarrier = nil }
+            if let group = slots[s].group {
                 groups[group]?.remove(id)
                 if groups[group]?.isEmpty == true { groups[group] = nil }
             }
-            remember(id, Finished(outcome: outcome, payload: outcome == .succeeded ? payload : nil, cancelled: byCancel),
-                     large: op.host != nil)
-            for dependent in op.dependents where ops[dependent.id] != nil {
+            var dependents: [Dependent] = []
+            swap(&dependents, &slots[s].dependents)
+            slots[s].state = .finished
+            slots[s].outcome = outcome
+            slots[s].cancelledByOwn = byCancel
+            slots[s].group = nil
+            if !slots[s].dependencies.isEmpty { slots[s].dependencies = [] }
+            if !slots[s].dependencyPayloads.isEmpty { slots[s].dependencyPayloads = [] }
+            remember(s, outcome == .succeeded ? payload : nil, large: slots[s].host != 0)
+            for dependent in dependents {
+                guard let d = liveSlot(dependent.id) else { continue }
                 if dependent.edge == .strict && outcome != .succeeded {
-                    let message = Self.dependencyMessage(id, outcome)
-                    if let removed = markEnded(dependent.id, .cancelled, .dependency, message, into: &actions) {
-                        pending.append((dependent.id, removed, .cancelled, nil, false))
+                    if markEnded(d, .cancelled, .dependency, .dependency(id, outcome), into: &actions) {
+                        if current == nil { current = (d, .cancelled, nil, false) } else { pending.append((d, .cancelled, nil, false)) }
                     }
                     continue
                 }
                 if dependent.edge != .order {
-                    ops[dependent.id]!.dependencyPayloads.append(Dependency(id: id, outcome: outcome, payload: payload))
+                    slots[d].dependencyPayloads.append(Dependency(id: id, outcome: outcome, payload: payload))
                 }
-                ops[dependent.id]!.waitingOn -= 1
-                if ops[dependent.id]!.waitingOn == 0 && ops[dependent.id]!.state == .waiting {
-                    makeReady(dependent.id, now: now)
+                slots[d].waitingOn -= 1
+                if slots[d].waitingOn == 0 && slots[d].state == .waiting {
+                    makeReady(d, now: now)
                 }
             }
-            removeQueueIfDone(op.queue)
+            removeQueueIfDone(q)
         }
     }
 
-    private mutating func remember(_ id: OpID, _ finished: Finished, large: Bool) {
+    /// Keeps a finished operation for `history` more finishes (its value
+    /// too, except network values beyond the newest `historyValues`).
+    private mutating func remember(_ s: Int, _ payload: Payload?, large: Bool) {
         guard config.history > 0 else {
-            if let payload = finished.payload { released.append(payload) }
+            if let payload { released.append(payload) }
+            freeSlot(s)
             return
         }
-        var finished = finished
-        if finished.payload != nil && large {
-            if config.historyValues > 0 {
-                valueOrder.append(id)
+        if let payload {
+            if !large {
+                slots[s].payload = payload
+            } else if config.historyValues > 0 {
+                slots[s].payload = payload
+                valueOrder.append(Entry(id: slots[s].id, slot: Int32(s)))
+                while valueOrder.count > config.historyValues {
+                    let old = valueOrder.removeFirst()
+                    let o = Int(old.slot)
+                    if slots[o].id == old.id, let value = slots[o].payload {
+                        released.append(value)
+                        slots[o].payload = nil
+                    }
+                }
             } else {
-                released.append(finished.payload!)
-                finished.payload = nil
-            }
-        }
-        history[id] = finished
-        historyOrder.append(id)
-        while valueOrder.count > config.historyValues {
-            let old = valueOrder.removeFirst()
-            if let payload = history[old]?.payload {
                 released.append(payload)
-                history[old]!.payload = nil
             }
         }
+        historyOrder.append(Int32(s))
         while historyOrder.count > config.history {
-            if let payload = history.removeValue(forKey: historyOrder.removeFirst())?.payload { released.append(payload) }
+            let old = Int(historyOrder.removeFirst())
+            if let value = slots[old].payload { released.append(value) }
+            freeSlot(old)
         }
     }
 
     /// Hands over the values dropped from history (see `released`).
     mutating func takeReleased() -> [Payload] {
+        guard !released.isEmpty else { return [] }
         defer { released = [] }
         return released
     }
 
     // MARK: - Ready queues
 
-    private mutating func makeReady(_ id: OpID, now: UInt64) {
-        let op = ops[id]!
-        ops[id]!.state = .ready
-        ops[id]!.readySince = now
-        queues[op.queue]!.readyCount += 1
-        queues[op.queue]!.lanes[op.host ?? "", default: Lane()].rings[Lane.slot(level: op.level, qos: op.qos)].append(id)
+    private mutating func makeReady(_ s: Int, now: UInt64) {
+        slots[s].state = .ready
+        slots[s].readySince = now
+        queues[slots[s].queue]!.readyCount += 1
+        enqueueReady(s)
     }
 
-    private mutating func unready(_ id: OpID) {
-        let op = ops[id]!
-        ops[id]!.state = .waiting  // its ring entry goes stale
-        queues[op.queue]!.readyCount -= 1
+    /// Appends the operation to its lane's FIFO for its level and QoS.
+    private mutating func enqueueReady(_ s: Int) {
+        let q = slots[s].queue
+        let host = Int(slots[s].host)
+        if queues[q]!.laneByHost.count <= host {
+            queues[q]!.laneByHost += [Int32](repeating: -1, count: host + 1 - queues[q]!.laneByHost.count)
+        }
+        var lane = Int(queues[q]!.laneByHost[host])
+        if lane < 0 {
+            lanes.append(Lane(queue: q, host: Int32(host)))
+            rings += [Ring<Entry>](repeating: Ring(), count: 25)
+            lane = lanes.count - 1
+            queues[q]!.laneByHost[host] = Int32(lane)
+            queues[q]!.lanes.append(Int32(lane))
+        }
+        let slot = Lane.slot(level: Int(slots[s].level), qos: Int(slots[s].qos))
+        rings[lane * 25 + slot].append(Entry(id: slots[s].id, slot: Int32(s)))
+        lanes[lane].mask |= 1 << UInt32(slot)
+    }
+
+    private mutating func unready(_ s: Int) {
+        slots[s].state = .waiting  // its FIFO entry goes stale
+        queues[slots[s].queue]!.readyCount -= 1
     }
 
     private struct Candidate {
-        var id: OpID
-        var queue: QueueID
-        var host: String
         var slot: Int
+        var queue: QueueID
+        /// rings[] index of its FIFO.
+        var ring: Int
+        var lane: Int
         var effective: UInt64
         var qos: Int
         var seq: UInt64
@@ -623,52 +801,75 @@ struct SchedulerStateMachine<Payload> {
         }
     }
 
-    private mutating func hasCapacity(_ host: String, now: UInt64) -> Bool {
-        if host.isEmpty { return true }
-        guard hostRunning[host, default: 0] < config.maxPerHost else { return false }
-        guard var bucket = bucket(for: host, now: now) else { return true }
-        bucket.refill(now)
-        buckets[host] = bucket
-        if bucket.tokens >= 1 { return true }
-        let wake = bucket.nextToken()
+    private mutating func hasCapacity(_ host: Int, now: UInt64) -> Bool {
+        if host == 0 { return true }
+        guard hosts[host].running < config.maxPerHost else { return false }
+        if !hosts[host].bucketMade {
+            hosts[host].bucketMade = true
+            hosts[host].bucket = makeBucket(for: hosts[host].name, now: now)
+        }
+        guard hosts[host].bucket != nil else { return true }
+        hosts[host].bucket!.refill(now)
+        if hosts[host].bucket!.tokens >= 1 { return true }
+        let wake = hosts[host].bucket!.nextToken()
         rateWake = min(rateWake ?? wake, wake)
         return false
     }
 
-    /// The host's token bucket, made on first use from the configured limit
-    /// for "host:port", else "host", else "*"; nil when unlimited.
-    private mutating func bucket(for host: String, now: UInt64) -> Bucket? {
-        if let b = buckets[host] { return b }
+    /// A host's token bucket from the configured limit for "host:port",
+    /// else "host", else "*"; nil when unlimited.
+    private func makeBucket(for host: String, now: UInt64) -> Bucket? {
         let bare = host.hasPrefix("[") ? String(host.prefix(through: host.firstIndex(of: "]") ?? host.startIndex))
                                        : String(host.split(separator: ":").first ?? Substring(host))
         guard let limit = config.rateLimits[host] ?? config.rateLimits[bare] ?? config.rateLimits["*"] else { return nil }
-        let b = Bucket(limit: limit, tokens: limit.burst, refilledAt: now)
-        buckets[host] = b
-        return b
+        return Bucket(limit: limit, tokens: limit.burst, refilledAt: now)
     }
 
     /// The best ready operation of a queue whose host has capacity.
-    /// Drops stale ring entries it meets at the heads.
-    private mutating func bestCandidate(in queueID: QueueID, now: UInt64) -> Candidate? {
+    /// Drops stale FIFO entries it meets at the heads.
+    private mutating func bestCandidate(in q: QueueID, now: UInt64) -> Candidate? {
         var best: Candidate? = nil
-        let hosts = Array(queues[queueID]!.lanes.keys)  // a copy: the lanes are mutated below
-        for host in hosts where hasCapacity(host, now: now) {
-            for slot in 0..<25 {
-                let level = slot / 5
-                var head: OpID? = nil
-                while let id = queues[queueID]!.lanes[host]!.rings[slot].first {
-                    if let op = ops[id], op.state == .ready, op.level == level { head = id; break }
-                    queues[queueID]!.lanes[host]!.rings[slot].removeFirst()
+        let laneCount = queues[q]!.lanes.count
+        for i in 0..<laneCount {
+            let lane = Int(queues[q]!.lanes[i])
+            guard lanes[lane].mask != 0, hasCapacity(Int(lanes[lane].host), now: now) else { continue }
+            var bits = lanes[lane].mask
+            while bits != 0 {
+                let slot = 31 - bits.leadingZeroBitCount  // highest (level, QoS) first
+                bits &= ~(1 << UInt32(slot))
+                let r = lane * 25 + slot
+                let level = Int8(slot / 5)
+                var head: Int? = nil
+                while let entry = rings[r].first {
+                    let s = Int(entry.slot)
+                    if slots[s].id == entry.id && slots[s].state == .ready && slots[s].level == level {
+                        head = s
+                        break
+                    }
+                    rings[r].removeFirst()
                 }
-                guard let id = head, let op = ops[id] else { continue }
-                let waited = now > op.readySince ? now - op.readySince : 0
-                let boost = config.agingNanos == 0 ? 0 : waited / config.agingNanos
-                let candidate = Candidate(id: id, queue: queueID, host: host, slot: slot,
-                                          effective: UInt64(level) &+ boost, qos: op.qos, seq: op.seq)
+                guard let s = head else {
+                    lanes[lane].mask &= ~(1 << UInt32(slot))
+                    continue
+                }
+                let since = slots[s].readySince
+                let boost = config.agingNanos == 0 || now <= since ? 0 : (now - since) / config.agingNanos
+                let candidate = Candidate(slot: s, queue: q, ring: r, lane: lane,
+                                          effective: UInt64(level) &+ boost, qos: Int(slots[s].qos), seq: slots[s].seq)
                 if best == nil || candidate.beatsInQueue(best!) { best = candidate }
             }
         }
         return best
+    }
+
+    /// Whether a queue may start something (it has ready operations and a
+    /// free slot, and is not suspended). Reads fields in place: copying the
+    /// whole `Queue` value would retain its arrays.
+    @inline(__always)
+    private func isEligible(_ q: QueueID) -> Bool {
+        guard queues[q] != nil else { return false }
+        return !queues[q]!.suspended && queues[q]!.readyCount > 0
+            && queues[q]!.counters.running < queues[q]!.maxConcurrent
     }
 
     /// Starts whatever may start now.
@@ -676,36 +877,31 @@ struct SchedulerStateMachine<Payload> {
         rateWake = nil
         while true {
             var best: Candidate? = nil
-            for queueID in queueOrder {
-                let eligible = queues[queueID].map {
-                    !$0.suspended && $0.readyCount > 0 && $0.counters.running < $0.maxConcurrent
-                } ?? false
-                guard eligible else { continue }
-                if let candidate = bestCandidate(in: queueID, now: now),
+            for q in queueOrder where isEligible(q) {
+                if let candidate = bestCandidate(in: q, now: now),
                    best == nil || candidate.beatsAcrossQueues(best!) {
                     best = candidate
                 }
             }
             guard let chosen = best else { return }
-            queues[chosen.queue]!.lanes[chosen.host]!.rings[chosen.slot].removeFirst()
-            if queues[chosen.queue]!.lanes[chosen.host]!.rings.allSatisfy(\.isEmpty) {
-                queues[chosen.queue]!.lanes[chosen.host] = nil
-            }
-            var op = ops[chosen.id]!
-            op.state = .running
-            let payloads = op.dependencyPayloads
-            op.dependencyPayloads = []
-            ops[chosen.id] = op
-            queues[chosen.queue]!.readyCount -= 1
-            queues[chosen.queue]!.counters.queued -= 1
-            queues[chosen.queue]!.counters.running += 1
+            rings[chosen.ring].removeFirst()
+            if rings[chosen.ring].isEmpty { lanes[chosen.lane].mask &= ~(1 << UInt32(chosen.ring - chosen.lane * 25)) }
+            let s = chosen.slot
+            slots[s].state = .running
+            var payloads: [Dependency] = []
+            swap(&payloads, &slots[s].dependencyPayloads)
+            let q = chosen.queue
+            queues[q]!.readyCount -= 1
+            queues[q]!.counters.queued -= 1
+            queues[q]!.counters.running += 1
             counters.queued -= 1
             counters.running += 1
-            if !chosen.host.isEmpty {
-                hostRunning[chosen.host, default: 0] += 1
-                buckets[chosen.host]?.tokens -= 1
+            let host = Int(slots[s].host)
+            if host != 0 {
+                hosts[host].running += 1
+                if hosts[host].bucket != nil { hosts[host].bucket!.tokens -= 1 }
             }
-            actions.append(.start(chosen.id, dependencies: payloads))
+            actions.append(.start(slots[s].id, dependencies: payloads))
         }
     }
 
@@ -716,14 +912,14 @@ struct SchedulerStateMachine<Payload> {
     mutating func nextDeadline() -> UInt64? {
         var next = rateWake
         while let top = deadlines.min {
-            if let op = ops[top.value], op.state == .waiting || op.state == .ready {
+            if let state = state(of: top.value), state == .waiting || state == .ready {
                 next = min(next ?? top.key, top.key)
                 break
             }
             deadlines.removeMin()
         }
         while let top = retries.min {
-            if ops[top.value]?.state == .backoff {
+            if state(of: top.value) == .backoff {
                 next = min(next ?? top.key, top.key)
                 break
             }
@@ -738,13 +934,14 @@ struct SchedulerStateMachine<Payload> {
     /// A running operation will be tried again at `until`: it gives up its
     /// slot meanwhile (cancelling it then ends it at once).
     mutating func retryLater(_ id: OpID, until: UInt64, now: UInt64) -> [Action] {
-        guard let op = ops[id], op.state == .running else { return [] }
-        ops[id]!.state = .backoff
-        queues[op.queue]!.counters.running -= 1
-        queues[op.queue]!.counters.queued += 1
+        guard let s = liveSlot(id), slots[s].state == .running else { return [] }
+        slots[s].state = .backoff
+        let q = slots[s].queue
+        queues[q]!.counters.running -= 1
+        queues[q]!.counters.queued += 1
         counters.running -= 1
         counters.queued += 1
-        if let host = op.host { hostRunning[host, default: 1] -= 1 }
+        hosts[Int(slots[s].host)].running -= 1
         retries.insert(id, key: until)
         var actions: [Action] = []
         schedule(now: now, into: &actions)
@@ -756,13 +953,13 @@ struct SchedulerStateMachine<Payload> {
         var actions: [Action] = []
         while let top = deadlines.min, top.key <= now {
             deadlines.removeMin()
-            if let op = ops[top.value], op.state == .waiting || op.state == .ready {
-                end(top.value, .failed, .queueTimeout, waitedMessage(top.value), now: now, into: &actions)
+            if let s = liveSlot(top.value), slots[s].state == .waiting || slots[s].state == .ready {
+                end(s, .failed, .queueTimeout, .text(waitedMessage(top.value)), now: now, into: &actions)
             }
         }
         while let top = retries.min, top.key <= now {
             retries.removeMin()
-            if ops[top.value]?.state == .backoff { makeReady(top.value, now: now) }
+            if let s = liveSlot(top.value), slots[s].state == .backoff { makeReady(s, now: now) }
         }
         schedule(now: now, into: &actions)
         return actions
@@ -770,9 +967,8 @@ struct SchedulerStateMachine<Payload> {
 
     // MARK: - Queries
 
-    func isLive(_ id: OpID) -> Bool { ops[id] != nil }
-    func state(of id: OpID) -> OpState? { ops[id]?.state }
-    func group(of id: OpID) -> String? { ops[id]?.group }
-    func finishedOutcome(of id: OpID) -> Outcome? { history[id]?.outcome }
-    var liveCount: Int { ops.count }
+    func isLive(_ id: OpID) -> Bool { liveSlot(id) != nil }
+    func state(of id: OpID) -> OpState? { liveSlot(id).map { slots[$0].state } }
+    func group(of id: OpID) -> String? { liveSlot(id).flatMap { slots[$0].group } }
+    func finishedOutcome(of id: OpID) -> Outcome? { finishedSlot(id).map { slots[$0].outcome } }
 }

@@ -116,3 +116,23 @@ public enum QoS: Int, Sendable, CaseIterable {
         self = q
     }
 }
+
+/// Why an operation ended without succeeding, as decided by the scheduler or
+/// the runtime. The message is formatted only when somebody reads it: a
+/// cancel-all of 100 000 queued operations should not format 100 000
+/// strings nobody looks at.
+public enum EndReason: Sendable, Equatable {
+    /// Cancelled by a cancel of its own (or of its group, queue, engine).
+    case cancelled
+    /// A strict dependency failed or was cancelled.
+    case dependency(OpID, Outcome)
+    case text(String)
+
+    public func message(for id: OpID) -> String {
+        switch self {
+        case .cancelled: "operation \(id) was cancelled"
+        case .dependency(let dep, let outcome): "dependency \(dep) \(outcome == .cancelled ? "was cancelled" : "failed")"
+        case .text(let text): text
+        }
+    }
+}
