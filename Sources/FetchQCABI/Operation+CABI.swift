@@ -3,11 +3,9 @@ import CJansson
 import FetchQ
 
 /// Wraps a C completion function as a Swift completion.
-func completion(_ done: fq_completion_fn?, _ userdata: UserData) -> Completion? {
-    guard let done else { return nil }
-    return { result in
-        done(OpaquePointer(Unmanaged.passUnretained(result).toOpaque()), userdata.pointer)
-    }
+func callback(_ done: fq_completion_fn?, _ userdata: UnsafeMutableRawPointer?) -> Callback {
+    guard let done else { return .none }
+    return .c(done, userdata)
 }
 
 /// A submit's return value: the id, or the negative status.
@@ -23,10 +21,8 @@ func submitted(_ body: () throws(FetchQError) -> OpID) -> fq_op_id {
 public func fq_submit_block(_ handle: OpaquePointer?, _ fn: fq_block_fn?, _ options: UnsafePointer<json_t>?,
                             _ done: fq_completion_fn?, _ userdata: UnsafeMutableRawPointer?) -> fq_op_id {
     guard let q = queue(handle), let fn else { return fq_op_id(fail(.invalid, "NULL queue or function")) }
-    let ud = UserData(pointer: userdata)
     return submitted { () throws(FetchQError) in
-        try q.engine.submit(.block { op in JSONRef(owned: fn(op.handle, ud.pointer)) },
-                            to: q, options: options, completion: completion(done, ud))
+        try q.engine.submit(.cBlock(fn, userdata), to: q, options: options, callback: callback(done, userdata))
     }
 }
 
@@ -34,10 +30,8 @@ public func fq_submit_block(_ handle: OpaquePointer?, _ fn: fq_block_fn?, _ opti
 public func fq_submit_async(_ handle: OpaquePointer?, _ fn: fq_async_fn?, _ options: UnsafePointer<json_t>?,
                             _ done: fq_completion_fn?, _ userdata: UnsafeMutableRawPointer?) -> fq_op_id {
     guard let q = queue(handle), let fn else { return fq_op_id(fail(.invalid, "NULL queue or function")) }
-    let ud = UserData(pointer: userdata)
     return submitted { () throws(FetchQError) in
-        try q.engine.submit(.async { op in fn(op.handle, ud.pointer) },
-                            to: q, options: options, completion: completion(done, ud))
+        try q.engine.submit(.cAsync(fn, userdata), to: q, options: options, callback: callback(done, userdata))
     }
 }
 
@@ -103,9 +97,8 @@ public func fq_result_value(_ handle: OpaquePointer?) -> UnsafeMutablePointer<js
 public func fq_submit_request(_ handle: OpaquePointer?, _ request: UnsafePointer<json_t>?, _ options: UnsafePointer<json_t>?,
                               _ done: fq_completion_fn?, _ userdata: UnsafeMutableRawPointer?) -> fq_op_id {
     guard let q = queue(handle) else { return fq_op_id(fail(nullHandle)) }
-    let ud = UserData(pointer: userdata)
     return submitted { () throws(FetchQError) in
-        try q.engine.submitRequest(request, to: q, options: options, completion: completion(done, ud))
+        try q.engine.submitRequest(request, to: q, options: options, callback: callback(done, userdata))
     }
 }
 
@@ -113,9 +106,8 @@ public func fq_submit_request(_ handle: OpaquePointer?, _ request: UnsafePointer
 public func fq_submit_search(_ handle: OpaquePointer?, _ query: UnsafePointer<CChar>?, _ options: UnsafePointer<json_t>?,
                              _ done: fq_completion_fn?, _ userdata: UnsafeMutableRawPointer?) -> fq_op_id {
     guard let q = queue(handle), let query = string(query) else { return fq_op_id(fail(.invalid, "NULL queue or query")) }
-    let ud = UserData(pointer: userdata)
     return submitted { () throws(FetchQError) in
-        try q.engine.submitSearch(query, to: q, options: options, completion: completion(done, ud))
+        try q.engine.submitSearch(query, to: q, options: options, callback: callback(done, userdata))
     }
 }
 
@@ -186,9 +178,8 @@ public func fq_submit_search_all(_ handle: OpaquePointer?, _ queries: UnsafePoin
         guard let s = string(queries[i]) else { return fq_op_id(fail(.invalid, "queries[\(i)] is NULL")) }
         list.append(s)
     }
-    let ud = UserData(pointer: userdata)
     return submitted { () throws(FetchQError) in
-        try q.engine.submitSearchAll(list, to: q, options: options, completion: completion(done, ud))
+        try q.engine.submitSearchAll(list, to: q, options: options, callback: callback(done, userdata))
     }
 }
 

@@ -485,9 +485,9 @@ import Testing
         #expect(completed(actions).map(\.0) == [b])
         #expect(actions.count == 1)
         #expect(m.isLive(a))
-        #expect(m.queues[q] != nil)
+        #expect(m.hasQueue(q))
         _ = m.finished(a, .succeeded, payload: nil, now: 0)
-        #expect(m.queues[q] == nil)
+        #expect(!m.hasQueue(q))
         var spec = Machine.Spec(queue: q)
         spec.priority = .normal
         guard case .failure(let e) = m.submit(spec, now: 0) else {

@@ -19,7 +19,7 @@ final class Delivery: @unchecked Sendable {
     /// A completion (counted as outstanding until its callback returned),
     /// or an event for the engine's event handler.
     enum Item {
-        case completion(OperationResult, Completion?, QueueID)
+        case completion(OperationResult, Callback, QueueID)
         case event(OperationEvent, EventHandler)
     }
 
@@ -74,8 +74,8 @@ final class Delivery: @unchecked Sendable {
     /// Runs one item's callback; returns the queue of a completion.
     private func call(_ item: Item) -> QueueID? {
         switch item {
-        case .completion(let result, let completion, let queue):
-            completion?(result)
+        case .completion(let result, let callback, let queue):
+            callback.call(result)
             return queue
         case .event(let event, let handler):
             handler(event)

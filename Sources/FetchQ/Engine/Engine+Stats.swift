@@ -25,7 +25,7 @@ extension Engine {
         counters(root, machine.counters)
         put(root, "undelivered", outstandingTotal - machine.counters.queued - machine.counters.running)
         let perQueue = json_object()!
-        for case let queue? in machine.queues where !queue.closed {
+        for queue in machine.queues where !queue.closed && !queue.removed {
             let q = json_object()!
             counters(q, queue.counters)
             put(q, "max_concurrent", queue.maxConcurrent)

@@ -11,7 +11,7 @@ extension Engine {
     /// While the engine is being freed every submit fails with
     /// FQ_ERR_SHUTDOWN, whatever else is wrong with it.
     func refuseIfShuttingDown() throws(FetchQError) {
-        if lock.withLock({ shuttingDown }) { throw FetchQError(.shutdown, "the engine is being freed") }
+        if shutdownStarted.load(ordering: .acquiring) { throw FetchQError(.shutdown, "the engine is being freed") }
     }
 
     /// Submits an operation. Throws (and never calls `completion`) when the
@@ -19,34 +19,49 @@ extension Engine {
     /// shutting down; otherwise `completion` is called exactly once.
     public func submit(_ body: OperationBody, to queue: Queue, options: UnsafePointer<json_t>?,
                        completion: Completion?) throws(FetchQError) -> OpID {
+        try submit(body, to: queue, options: options, callback: Callback(completion))
+    }
+
+    public func submit(_ body: OperationBody, to queue: Queue, options: UnsafePointer<json_t>?,
+                       callback: Callback) throws(FetchQError) -> OpID {
         try refuseIfShuttingDown()
         var reader = try OptionReader(options, context: "options")
         let common = try CommonOptions(reading: &reader, config: config)
         try reader.finish()
-        return try enqueue(body, queue: queue.id, common: common, host: nil, completion: completion)
+        return try enqueue(body, queue: queue.id, common: common, host: nil, callback: callback)
     }
 
     /// Submits an HTTP request (`request`: method, url, headers, query, body).
     public func submitRequest(_ request: UnsafePointer<json_t>?, to queue: Queue, options: UnsafePointer<json_t>?,
                               completion: Completion?) throws(FetchQError) -> OpID {
+        try submitRequest(request, to: queue, options: options, callback: Callback(completion))
+    }
+
+    public func submitRequest(_ request: UnsafePointer<json_t>?, to queue: Queue, options: UnsafePointer<json_t>?,
+                              callback: Callback) throws(FetchQError) -> OpID {
         try refuseIfShuttingDown()
         var reader = try OptionReader(options, context: "options")
         let common = try CommonOptions(reading: &reader, config: config)
         let job = try NetworkJob.makeRequest(request, options: &reader, config: config)
         try reader.finish()
-        return try enqueueNetwork(job, queue: queue.id, common: common, completion: completion)
+        return try enqueueNetwork(job, queue: queue.id, common: common, callback: callback)
     }
 
     /// Submits a search: `query` goes into the endpoint's URL template; the
     /// value is {"query", "items", "count"}.
     public func submitSearch(_ query: String, to queue: Queue, options: UnsafePointer<json_t>?,
                              completion: Completion?) throws(FetchQError) -> OpID {
+        try submitSearch(query, to: queue, options: options, callback: Callback(completion))
+    }
+
+    public func submitSearch(_ query: String, to queue: Queue, options: UnsafePointer<json_t>?,
+                             callback: Callback) throws(FetchQError) -> OpID {
         try refuseIfShuttingDown()
         var reader = try OptionReader(options, context: "options")
         let common = try CommonOptions(reading: &reader, config: config)
         let job = try NetworkJob.makeSearch(query, options: &reader, config: config, openStore: store(path:))
         try reader.finish()
-        return try enqueueNetwork(job, queue: queue.id, common: common, completion: completion)
+        return try enqueueNetwork(job, queue: queue.id, common: common, callback: callback)
     }
 
     /// Submits a fan-out search: one child search per distinct query (each a
@@ -55,6 +70,11 @@ extension Engine {
     /// de-duplicated, sorted items. Cancelling the parent cancels the children.
     public func submitSearchAll(_ queries: [String], to queue: Queue, options: UnsafePointer<json_t>?,
                                 completion: Completion?) throws(FetchQError) -> OpID {
+        try submitSearchAll(queries, to: queue, options: options, callback: Callback(completion))
+    }
+
+    public func submitSearchAll(_ queries: [String], to queue: Queue, options: UnsafePointer<json_t>?,
+                                callback: Callback) throws(FetchQError) -> OpID {
         try refuseIfShuttingDown()
         var reader = try OptionReader(options, context: "options")
         let common = try CommonOptions(reading: &reader, config: config)
@@ -90,7 +110,7 @@ extension Engine {
         for (q, job) in zip(unique, jobs) {
             switch machine.submit(spec(host: job.host), now: now) {
             case .success(let (id, more)):
-                let child = Operation(id: id, queue: queue.id, qos: common.qos, body: .network(job), completion: nil, engine: self)
+                let child = Operation(id: id, queue: queue.id, qos: common.qos, body: .network(job), callback: .none, engine: self)
                 child.family = family
                 live[id] = child
                 family.children.append(id)
@@ -122,7 +142,7 @@ extension Engine {
             throw FetchQError(.invalid, "search-all could not be submitted")
         }
         let parent = Operation(id: parentID, queue: queue.id, qos: common.qos,
-                               body: .block { op in family.merge(op) }, completion: completion, engine: self)
+                               body: .block { op in family.merge(op) }, callback: callback, engine: self)
         parent.family = family
         family.parent = parentID
         live[parentID] = parent
@@ -145,11 +165,11 @@ extension Engine {
     /// A network operation: coalesced with an identical in-flight GET when
     /// it can be (no dependencies, no barrier), else queued on its own.
     func enqueueNetwork(_ job: NetworkJob, queue: QueueID, common: CommonOptions,
-                                completion: Completion?) throws(FetchQError) -> OpID {
+                        callback: Callback) throws(FetchQError) -> OpID {
         // The transfer's max_wait_ms is part of what is shared: callers join
         // only a transfer with the same limit.
         guard let jobKey = job.coalesceKey, common.dependsOn.isEmpty, !common.barrier else {
-            return try enqueue(.network(job), queue: queue, common: common, host: job.host, completion: completion)
+            return try enqueue(.network(job), queue: queue, common: common, host: job.host, callback: callback)
         }
         let key = jobKey + " max_wait_ms=\(common.maxWaitMs)"
         let now = monotonicNanos()
@@ -173,7 +193,7 @@ extension Engine {
             if common.maxWaitMs > 0 { spec.startDeadline = now + UInt64(common.maxWaitMs) * 1_000_000 }
             switch machine.submit(spec, now: now) {
             case .success(let (id, more)):
-                let carrier = Operation(id: id, queue: queue, qos: common.qos, body: .network(job), completion: nil, engine: self)
+                let carrier = Operation(id: id, queue: queue, qos: common.qos, body: .network(job), callback: .none, engine: self)
                 carrier.carries = shared
                 live[id] = carrier
                 shared.carrier = id
@@ -193,7 +213,7 @@ extension Engine {
             lock.unlock()
             throw FetchQError(.invalid, "the queue has been freed")
         }
-        let caller = Operation(id: id, queue: queue, qos: common.qos, body: .network(job), completion: completion, engine: self)
+        let caller = Operation(id: id, queue: queue, qos: common.qos, body: .network(job), callback: callback, engine: self)
         caller.shared = shared
         shared.callers.append(caller)
         live[id] = caller
@@ -217,7 +237,7 @@ extension Engine {
     }
 
     func enqueue(_ body: OperationBody, queue: QueueID, common: CommonOptions, host: String?,
-                 completion: Completion?) throws(FetchQError) -> OpID {
+                 callback: Callback) throws(FetchQError) -> OpID {
         let now = monotonicNanos()
         var spec = Machine.Spec(queue: queue)
         spec.priority = common.priority
@@ -227,24 +247,29 @@ extension Engine {
         spec.dependsOn = common.dependsOn
         spec.barrier = common.barrier
         if common.maxWaitMs > 0 { spec.startDeadline = now + UInt64(common.maxWaitMs) * 1_000_000 }
+        // Made before locking (its id is set under the lock, before anyone
+        // else can see it): the lock is held for the bookkeeping only.
+        let op = Operation(id: 0, queue: queue, qos: common.qos, body: body, callback: callback, engine: self)
 
         lock.lock()
         guard !shuttingDown else {
             lock.unlock()
             throw FetchQError(.shutdown, "the engine is being freed")
         }
-        let submitted = machine.submit(spec, now: now)
-        guard case .success(let (id, actions)) = submitted else {
+        var actions: [Machine.Action] = []
+        let submitted = machine.submit(spec, now: now, into: &actions)
+        guard case .success(let id) = submitted else {
             lock.unlock()
             if case .failure(let error) = submitted { throw error }
             fatalError("unreachable")
         }
-        live[id] = Operation(id: id, queue: queue, qos: common.qos, body: body, completion: completion, engine: self)
+        op.id = id
+        live[id] = op
         outstanding[queue] += 1
         outstandingTotal += 1
         let work = resolve(actions)
         lock.unlock()
-        execute(work)
+        if !work.isEmpty { execute(work) }
         if spec.startDeadline != nil { timer.kick() }
         return id
     }
@@ -259,6 +284,9 @@ struct CommonOptions {
     var dependsOn: [OpID] = []
     var barrier = false
     var maxWaitMs = 0
+
+    /// Made once (building it per submit was an allocation per operation).
+    static let qosNames = QoS.allCases.reversed().map(\.name)
 
     init(reading r: inout OptionReader, config: EngineConfig) throws(FetchQError) {
         maxWaitMs = config.network.maxWaitMs
@@ -279,7 +307,7 @@ struct CommonOptions {
                 throw r.typeError("priority", "one of -8, -4, 0, 4, 8 or a priority name", v)
             }
         }
-        if let name = try r.choice("qos", QoS.allCases.reversed().map(\.name)) { qos = QoS(name: name)! }
+        if let name = try r.choice("qos", Self.qosNames) { qos = QoS(name: name)! }
         if let g = try r.string("group") { group = g }
         if let v = r.value("depends_on") {
             guard v.pointee.type == JSON_ARRAY else { throw r.typeError("depends_on", "an array of operation ids", v) }

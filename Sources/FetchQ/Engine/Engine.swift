@@ -2,6 +2,7 @@ import CFetchQSupport
 import CJansson
 import Glibc
 import Logging
+import Synchronization
 
 /// The runtime: executes the scheduler state machine's decisions on worker
 /// threads, the delivery thread (or the poll-mode caller) and a timer thread.
@@ -27,6 +28,8 @@ public final class Engine: @unchecked Sendable {
     var outstanding = QueueCounts()
     var outstandingTotal = 0
     var shuttingDown = false
+    /// `shuttingDown`, readable without the lock (submits check it first).
+    let shutdownStarted = Atomic<Bool>(false)
     var eventHandler: EventHandler?
     /// Item stores used by searches, kept open (ItemStore.shared holds them weakly).
     var stores: [String: ItemStore] = [:]
@@ -240,7 +243,7 @@ public final class Engine: @unchecked Sendable {
                     continue
                 }
                 let result = OperationResult(id: id, outcome: outcome, status: status, reason: reason)
-                delivery.post(.completion(result, op.completion, op.queue))
+                delivery.post(.completion(result, op.callback, op.queue))
                 actions += familyEnded(op, result, &work)
             case .cancelRunning(let id):
                 guard let op = live[id] else { continue }
@@ -270,7 +273,7 @@ public final class Engine: @unchecked Sendable {
         guard machine.state(of: caller.id) == .attached else { return [] }
         let result = OperationResult(id: caller.id, outcome: outcome, status: status, reason: reason)
         live[caller.id] = nil
-        delivery.post(.completion(result, caller.completion, caller.queue))
+        delivery.post(.completion(result, caller.callback, caller.queue))
         return machine.finished(caller.id, outcome, payload: result, now: monotonicNanos())
     }
 
@@ -320,19 +323,30 @@ public final class Engine: @unchecked Sendable {
     }
 
     func start(_ op: Operation, selfPickup: Bool = false) {
-        switch op.body {
-        case .block(let body):
-            workers.submit(qos: op.qos, wake: !selfPickup) { [self] in
-                let value = body(op)
-                if op.claimFinish() { bodyEnded(op, value: value, error: op.errorMessage, onWorker: true) }
-            }
-        case .async(let body):
-            workers.submit(qos: op.qos, wake: !selfPickup) { body(op) }
-        case .network(let job):
+        if case .network(let job) = op.body {
             startTransfer(op, job)
+        } else {
+            workers.submit(qos: op.qos, wake: !selfPickup, job: .body(op))
         }
     }
 
+    /// On a worker: runs a block or async body.
+    func runBody(_ op: Operation) {
+        switch op.body {
+        case .block(let body):
+            let value = body(op)
+            if op.claimFinish() { bodyEnded(op, value: value, error: op.errorMessage, onWorker: true) }
+        case .cBlock(let fn, let userdata):
+            let value = JSONRef(owned: fn(op.handle, userdata))
+            if op.claimFinish() { bodyEnded(op, value: value, error: op.errorMessage, onWorker: true) }
+        case .async(let body):
+            body(op)
+        case .cAsync(let fn, let userdata):
+            fn(op.handle, userdata)
+        case .network:
+            preconditionFailure("network operations run on the transport")
+        }
+    }
 
     /// A running operation's body ended (block returned, async finished).
     func bodyEnded(_ op: Operation, value: JSONRef?, error: String?, onWorker: Bool = false) {
@@ -365,16 +379,18 @@ public final class Engine: @unchecked Sendable {
             result = OperationResult(id: op.id, outcome: .cancelled, status: .cancelled,
                                      message: "operation \(op.id) was cancelled", value: nil, http: result.http)
         }
-        let actions = machine.finished(op.id, result.outcome, payload: result, now: monotonicNanos())
+        var actions: [Machine.Action] = []
+        machine.finished(op.id, result.outcome, payload: result, now: monotonicNanos(), into: &actions)
         live[op.id] = nil
         var work: [Work] = []
+        work.reserveCapacity(2)  // usually a start and a release
         // Posted under the lock, before what this end unblocks: a child's
         // event, then this callback, then the dependents'.
-        let familyActions = familyEnded(op, result, &work)
+        let familyActions = op.family == nil ? [] : familyEnded(op, result, &work)
         if op.carries == nil {  // a carrier is internal: nobody waits for its callback
-            delivery.post(.completion(result, op.completion, op.queue))
+            delivery.post(.completion(result, op.callback, op.queue))
         }
-        resolve(familyActions + actions, into: &work)
+        resolve(familyActions.isEmpty ? actions : familyActions + actions, into: &work)
         lock.unlock()
         if result.outcome == .failed {
             logger.info("operation failed", metadata: ["id": "\(op.id)", "status": "\(result.status)", "error": "\(result.message ?? "")"])
@@ -466,6 +482,7 @@ public final class Engine: @unchecked Sendable {
             return .state
         }
         shuttingDown = true
+        shutdownStarted.store(true, ordering: .releasing)
         let unfinished = machine.liveCount
         let work = resolve(machine.cancelAll(now: monotonicNanos()).actions)
         lock.unlock()

@@ -1,17 +1,54 @@
 import CJansson
 import Synchronization
 
+/// A C block body (`fq_block_fn`): the operation's handle and userdata.
+public typealias CBlockFunction = @convention(c) (OpaquePointer?, UnsafeMutableRawPointer?) -> UnsafeMutablePointer<json_t>?
+/// A C async body (`fq_async_fn`).
+public typealias CAsyncFunction = @convention(c) (OpaquePointer?, UnsafeMutableRawPointer?) -> Void
+/// A C completion (`fq_completion_fn`): the result's handle and userdata.
+public typealias CCompletionFunction = @convention(c) (OpaquePointer?, UnsafeMutableRawPointer?) -> Void
+
 /// What an operation does when it starts.
-public enum OperationBody: Sendable {
+///
+/// `@unchecked Sendable`: the closures are `@Sendable`; the C cases hold a
+/// function pointer and the submitter's userdata, which the C API hands to
+/// the engine's threads by contract (include/fetchq.h).
+public enum OperationBody: @unchecked Sendable {
     /// Runs on a worker; returns the value (or nil). Call `setError` to fail.
     case block(@Sendable (Operation) -> JSONRef?)
     /// Runs on a worker and returns; the operation stays running until
     /// `finish` is called, from any thread.
     case async(@Sendable (Operation) -> Void)
+    /// `block` and `async` for C functions, stored as they are: no closure
+    /// to allocate per operation.
+    case cBlock(CBlockFunction, UnsafeMutableRawPointer?)
+    case cAsync(CAsyncFunction, UnsafeMutableRawPointer?)
     /// A request or search: sent by the transport, parsed on a worker.
     /// Indirect: a NetworkJob is ~340 bytes, which every block operation
     /// would otherwise carry inline (measured by the P5 benchmark).
     indirect case network(NetworkJob)
+}
+
+/// Who gets an operation's result: nobody, a Swift closure, or a C function
+/// with its userdata (no closure allocated per operation).
+///
+/// `@unchecked Sendable`: as for `OperationBody`'s C cases.
+public enum Callback: @unchecked Sendable {
+    case none
+    case swift(Completion)
+    case c(CCompletionFunction, UnsafeMutableRawPointer?)
+
+    public init(_ completion: Completion?) {
+        self = completion.map { .swift($0) } ?? .none
+    }
+
+    func call(_ result: OperationResult) {
+        switch self {
+        case .none: break
+        case .swift(let completion): completion(result)
+        case .c(let fn, let userdata): fn(OpaquePointer(Unmanaged.passUnretained(result).toOpaque()), userdata)
+        }
+    }
 }
 
 /// An operation as its body sees it (`fq_op` in C).
@@ -21,11 +58,13 @@ public enum OperationBody: Sendable {
 /// pool's lock orders it) and only read afterwards; `errorMessage` is written
 /// and read on the body's own thread.
 public final class Operation: @unchecked Sendable {
-    public let id: OpID
+    /// Set once, under the engine's lock, before the operation is visible
+    /// to any other thread (the object is made before the lock is taken).
+    public internal(set) var id: OpID
     let queue: QueueID
     let qos: QoS
     let body: OperationBody
-    let completion: Completion?
+    let callback: Callback
     unowned let engine: Engine
     private let cancelled = Atomic<Bool>(false)
     private let finishing = Atomic<Bool>(false)
@@ -50,12 +89,12 @@ public final class Operation: @unchecked Sendable {
     /// A carrier: the engine-internal operation running a shared transfer.
     var carries: SharedTransfer?
 
-    init(id: OpID, queue: QueueID, qos: QoS, body: OperationBody, completion: Completion?, engine: Engine) {
+    init(id: OpID, queue: QueueID, qos: QoS, body: OperationBody, callback: Callback, engine: Engine) {
         self.id = id
         self.queue = queue
         self.qos = qos
         self.body = body
-        self.completion = completion
+        self.callback = callback
         self.engine = engine
     }
 
@@ -77,7 +116,9 @@ public final class Operation: @unchecked Sendable {
 
     /// Block operations: fail with this message when the body returns.
     public func setError(_ message: String) throws(FetchQError) {
-        guard case .block = body else {
+        switch body {
+        case .block, .cBlock: break
+        default:
             throw FetchQError(.state, "fq_op_set_error is for block operations; finish an async operation with fq_op_finish")
         }
         errorMessage = message
@@ -85,7 +126,9 @@ public final class Operation: @unchecked Sendable {
 
     /// Async operations: ends the operation (exactly once).
     public func finish(value: JSONRef?, error: String?) throws(FetchQError) {
-        guard case .async = body else {
+        switch body {
+        case .async, .cAsync: break
+        default:
             throw FetchQError(.state, "fq_op_finish is for async operations; a block operation ends when its function returns")
         }
         guard claimFinish() else {

@@ -7,7 +7,12 @@ import Glibc
 /// `@unchecked Sendable`: `jobs` and `stopping` are guarded by `lock`;
 /// `threads` is written only in init and read in `stop()`.
 final class WorkerPool: @unchecked Sendable {
-    typealias Job = @Sendable () -> Void
+    /// An operation's body (no closure allocated per operation), or other
+    /// work such as parsing a response.
+    enum Job {
+        case body(Operation)
+        case closure(@Sendable () -> Void)
+    }
 
     private let lock = ConditionLock()
     private var jobs = [Ring<Job>](repeating: Ring(), count: QoS.allCases.count)
@@ -29,7 +34,11 @@ final class WorkerPool: @unchecked Sendable {
     /// Queues a job. `wake: false` is for a worker queuing work at the end
     /// of its own job: it will take that job itself, so another worker is
     /// woken only if more than that one job is waiting.
-    func submit(qos: QoS, wake: Bool = true, _ job: @escaping Job) {
+    func submit(qos: QoS, wake: Bool = true, _ job: @escaping @Sendable () -> Void) {
+        submit(qos: qos, wake: wake, job: .closure(job))
+    }
+
+    func submit(qos: QoS, wake: Bool = true, job: Job) {
         let signal = lock.withLock {
             jobs[qos.rawValue].append(job)
             pending += 1
@@ -53,7 +62,10 @@ final class WorkerPool: @unchecked Sendable {
             }
             pending -= 1
             lock.unlock()
-            job!()
+            switch job! {
+            case .body(let op): op.engine.runBody(op)
+            case .closure(let body): body()
+            }
         }
     }
 

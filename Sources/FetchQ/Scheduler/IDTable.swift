@@ -127,3 +127,38 @@ struct QueueCounts {
         }
     }
 }
+
+/// A growable buffer of initialized elements addressed by index, for the
+/// scheduler's slab of operations. Unlike `Array`, whose getter copies an
+/// element (retaining every reference it holds) before a field is read,
+/// `base[i].field` reads or writes the field in place. No bounds checks:
+/// indices come from `append`. A reference type: a copy of the scheduler
+/// shares it (the engine never copies its scheduler).
+final class Slab<Element> {
+    private(set) var base: UnsafeMutablePointer<Element>
+    private(set) var count = 0
+    private var capacity = 64
+
+    init() {
+        base = .allocate(capacity: capacity)
+    }
+
+    deinit {
+        base.deinitialize(count: count)
+        base.deallocate()
+    }
+
+    /// Adds an element; returns its index.
+    func append(_ element: consuming Element) -> Int {
+        if count == capacity {
+            let bigger = UnsafeMutablePointer<Element>.allocate(capacity: capacity * 2)
+            bigger.moveInitialize(from: base, count: count)
+            base.deallocate()
+            base = bigger
+            capacity *= 2
+        }
+        (base + count).initialize(to: element)
+        count += 1
+        return count - 1
+    }
+}

@@ -180,6 +180,8 @@ struct SchedulerStateMachine<Payload> {
         var maxConcurrent: Int
         var suspended = false
         var closed = false
+        /// Closed and done: forgotten (kept in `queues` so ids stay indices).
+        var removed = false
         /// Lane number by host index (-1: none yet), and the lanes in use.
         var laneByHost: [Int32] = []
         var lanes: [Int32] = []
@@ -202,14 +204,17 @@ struct SchedulerStateMachine<Payload> {
 
     private(set) var config: Config
     /// Operations by slot; free slots are listed in `freeSlots`.
-    private var slots: [Op] = []
+    private let slab = Slab<Op>()
+    /// `slots[s].field` reads or writes one field in place.
+    private var slots: UnsafeMutablePointer<Op> { slab.base }
     private var freeSlots: [Int32] = []
     /// Slot by id, for live operations and those remembered in history.
     private var index = IDTable<Int32>()
     /// Live operations (not finished).
     private(set) var liveCount = 0
-    /// By QueueID (index 0 unused); nil once a closed queue is done.
-    private(set) var queues: [Queue?] = [nil]
+    /// By QueueID (index 0 unused). Not optionals: reading a field of an
+    /// optional element copied the whole `Queue` value.
+    private(set) var queues: [Queue] = [Queue(name: "", maxConcurrent: 0, removed: true)]
     private(set) var counters = Counters()
     private var lanes: [Lane] = []
     private var rings: [Ring<Entry>] = []
@@ -252,13 +257,12 @@ struct SchedulerStateMachine<Payload> {
         return slots[Int(s)].state == .finished ? Int(s) : nil
     }
 
-    private mutating func allocate(_ op: Op) -> Int {
+    private mutating func allocate(_ op: consuming Op) -> Int {
         if let s = freeSlots.popLast() {
             slots[Int(s)] = op
             return Int(s)
         }
-        slots.append(op)
-        return slots.count - 1
+        return slab.append(op)
     }
 
     private mutating func freeSlot(_ s: Int) {
@@ -276,30 +280,30 @@ struct SchedulerStateMachine<Payload> {
     }
 
     private mutating func listAppend(_ s: Int, queue q: QueueID) {
-        let tail = queues[q]!.tail
+        let tail = queues[q].tail
         slots[s].prev = tail
         slots[s].next = -1
-        if tail >= 0 { slots[Int(tail)].next = Int32(s) } else { queues[q]!.head = Int32(s) }
-        queues[q]!.tail = Int32(s)
-        queues[q]!.unfinishedCount += 1
+        if tail >= 0 { slots[Int(tail)].next = Int32(s) } else { queues[q].head = Int32(s) }
+        queues[q].tail = Int32(s)
+        queues[q].unfinishedCount += 1
     }
 
     private mutating func listRemove(_ s: Int) {
         let q = slots[s].queue
         let prev = slots[s].prev, next = slots[s].next
-        if prev >= 0 { slots[Int(prev)].next = next } else { queues[q]!.head = next }
-        if next >= 0 { slots[Int(next)].prev = prev } else { queues[q]!.tail = prev }
+        if prev >= 0 { slots[Int(prev)].next = next } else { queues[q].head = next }
+        if next >= 0 { slots[Int(next)].prev = prev } else { queues[q].tail = prev }
         slots[s].prev = -1
         slots[s].next = -1
-        queues[q]!.unfinishedCount -= 1
+        queues[q].unfinishedCount -= 1
     }
 
     /// Ids of a queue's unfinished operations, newest first.
     private func unfinished(of q: QueueID) -> [OpID] {
-        guard let queue = queues[q] else { return [] }
+        guard queueExists(q) else { return [] }
         var ids: [OpID] = []
-        ids.reserveCapacity(queue.unfinishedCount)
-        var s = queue.tail
+        ids.reserveCapacity(queues[q].unfinishedCount)
+        var s = queues[q].tail
         while s >= 0 {
             ids.append(slots[Int(s)].id)
             s = slots[Int(s)].prev
@@ -307,7 +311,10 @@ struct SchedulerStateMachine<Payload> {
         return ids
     }
 
-    private func queueExists(_ q: QueueID) -> Bool { q > 0 && q < queues.count && queues[q] != nil }
+    private func queueExists(_ q: QueueID) -> Bool { q > 0 && q < queues.count && !queues[q].removed }
+
+    /// Whether the queue exists (a closed queue is forgotten once done).
+    func hasQueue(_ q: QueueID) -> Bool { queueExists(q) }
 
     // MARK: - Queues
 
@@ -319,12 +326,12 @@ struct SchedulerStateMachine<Payload> {
     }
 
     func queueNamed(_ name: String) -> QueueID? {
-        queueOrder.first { queues[$0]!.name == name && !queues[$0]!.closed }
+        queueOrder.first { queues[$0].name == name && !queues[$0].closed }
     }
 
     mutating func setMaxConcurrent(_ queue: QueueID, _ n: Int, now: UInt64) -> [Action] {
         guard queueExists(queue) else { return [] }
-        queues[queue]!.maxConcurrent = n
+        queues[queue].maxConcurrent = n
         var actions: [Action] = []
         schedule(now: now, into: &actions)
         return actions
@@ -332,7 +339,7 @@ struct SchedulerStateMachine<Payload> {
 
     mutating func setSuspended(_ queue: QueueID, _ suspended: Bool, now: UInt64) -> [Action] {
         guard queueExists(queue) else { return [] }
-        queues[queue]!.suspended = suspended
+        queues[queue].suspended = suspended
         var actions: [Action] = []
         if !suspended { schedule(now: now, into: &actions) }
         return actions
@@ -342,7 +349,7 @@ struct SchedulerStateMachine<Payload> {
     /// the queue once its running operations are done.
     mutating func closeQueue(_ queue: QueueID, now: UInt64) -> [Action] {
         guard queueExists(queue) else { return [] }
-        queues[queue]!.closed = true
+        queues[queue].closed = true
         let notStarted = unfinished(of: queue).filter { liveSlot($0).map { slots[$0].state != .running } ?? false }
         let actions = cancelMany(notStarted, sorted: true, now: now).actions
         removeQueueIfDone(queue)
@@ -350,8 +357,10 @@ struct SchedulerStateMachine<Payload> {
     }
 
     private mutating func removeQueueIfDone(_ queue: QueueID) {
-        if queues[queue]?.closed == true && queues[queue]?.unfinishedCount == 0 {
-            queues[queue] = nil
+        if queues[queue].closed && !queues[queue].removed && queues[queue].unfinishedCount == 0 {
+            queues[queue].removed = true
+            queues[queue].lanes = []
+            queues[queue].laneByHost = []
             queueOrder.removeAll { $0 == queue }
         }
     }
@@ -369,7 +378,7 @@ struct SchedulerStateMachine<Payload> {
     }
 
     mutating func submit(_ spec: Spec, now: UInt64, into actions: inout [Action]) -> Result<OpID, FetchQError> {
-        guard queueExists(spec.queue), !queues[spec.queue]!.closed else {
+        guard queueExists(spec.queue), !queues[spec.queue].closed else {
             return .failure(FetchQError(.invalid, "the queue has been freed"))
         }
         var deps: [OpID] = []
@@ -395,10 +404,10 @@ struct SchedulerStateMachine<Payload> {
         liveCount += 1
         listAppend(s, queue: q)
         if !spec.isInternal {
-            queues[q]!.counters.submitted += 1
+            queues[q].counters.submitted += 1
             counters.submitted += 1
         }
-        queues[q]!.counters.queued += 1
+        queues[q].counters.queued += 1
         counters.queued += 1
         if let group = spec.group { groups[group, default: []].insert(id) }
         if spec.attached {
@@ -415,8 +424,8 @@ struct SchedulerStateMachine<Payload> {
                 link(s, after: Int(other), edge: .order)
                 other = slots[Int(other)].prev
             }
-            queues[q]!.openBarrier = id
-        } else if let barrier = queues[q]!.openBarrier, let b = liveSlot(barrier) {
+            queues[q].openBarrier = id
+        } else if let barrier = queues[q].openBarrier, let b = liveSlot(barrier) {
             link(s, after: b, edge: .order)
         }
         for dep in spec.collects {
@@ -615,10 +624,10 @@ struct SchedulerStateMachine<Payload> {
         guard state == .running || state == .attached else { return }
         let q = slots[s].queue
         if state == .attached {
-            queues[q]!.counters.queued -= 1
+            queues[q].counters.queued -= 1
             counters.queued -= 1
         } else {
-            queues[q]!.counters.running -= 1
+            queues[q].counters.running -= 1
             counters.running -= 1
             hosts[Int(slots[s].host)].running -= 1
         }
@@ -641,8 +650,8 @@ struct SchedulerStateMachine<Payload> {
         let state = slots[s].state
         guard state != .running, state != .attached, state != .finished else { return false }
         let q = slots[s].queue
-        if state == .ready { queues[q]!.readyCount -= 1 }
-        queues[q]!.counters.queued -= 1
+        if state == .ready { queues[q].readyCount -= 1 }
+        queues[q].counters.queued -= 1
         counters.queued -= 1
         // No longer live from here on: `retire` books it (a cascade must
         // not end it twice through a second failed dependency).
@@ -665,10 +674,10 @@ struct SchedulerStateMachine<Payload> {
             listRemove(s)
             liveCount -= 1
             if !slots[s].isInternal {
-                queues[q]!.counters.count(outcome)
+                queues[q].counters.count(outcome)
                 counters.count(outcome)
             }
-            if queues[q]!.openBarrier == id { queues[q]!.openBarrier = nil }
+            if queues[q].openBarrier == id { queues[q].openBarrier = nil }
             if let group = slots[s].group {
                 groups[group]?.remove(id)
                 if groups[group]?.isEmpty == true { groups[group] = nil }
@@ -748,7 +757,7 @@ struct SchedulerStateMachine<Payload> {
     private mutating func makeReady(_ s: Int, now: UInt64) {
         slots[s].state = .ready
         slots[s].readySince = now
-        queues[slots[s].queue]!.readyCount += 1
+        queues[slots[s].queue].readyCount += 1
         enqueueReady(s)
     }
 
@@ -756,16 +765,16 @@ struct SchedulerStateMachine<Payload> {
     private mutating func enqueueReady(_ s: Int) {
         let q = slots[s].queue
         let host = Int(slots[s].host)
-        if queues[q]!.laneByHost.count <= host {
-            queues[q]!.laneByHost += [Int32](repeating: -1, count: host + 1 - queues[q]!.laneByHost.count)
+        if queues[q].laneByHost.count <= host {
+            queues[q].laneByHost += [Int32](repeating: -1, count: host + 1 - queues[q].laneByHost.count)
         }
-        var lane = Int(queues[q]!.laneByHost[host])
+        var lane = Int(queues[q].laneByHost[host])
         if lane < 0 {
             lanes.append(Lane(queue: q, host: Int32(host)))
             rings += [Ring<Entry>](repeating: Ring(), count: 25)
             lane = lanes.count - 1
-            queues[q]!.laneByHost[host] = Int32(lane)
-            queues[q]!.lanes.append(Int32(lane))
+            queues[q].laneByHost[host] = Int32(lane)
+            queues[q].lanes.append(Int32(lane))
         }
         let slot = Lane.slot(level: Int(slots[s].level), qos: Int(slots[s].qos))
         rings[lane * 25 + slot].append(Entry(id: slots[s].id, slot: Int32(s)))
@@ -774,7 +783,7 @@ struct SchedulerStateMachine<Payload> {
 
     private mutating func unready(_ s: Int) {
         slots[s].state = .waiting  // its FIFO entry goes stale
-        queues[slots[s].queue]!.readyCount -= 1
+        queues[slots[s].queue].readyCount -= 1
     }
 
     private struct Candidate {
@@ -829,9 +838,9 @@ struct SchedulerStateMachine<Payload> {
     /// Drops stale FIFO entries it meets at the heads.
     private mutating func bestCandidate(in q: QueueID, now: UInt64) -> Candidate? {
         var best: Candidate? = nil
-        let laneCount = queues[q]!.lanes.count
+        let laneCount = queues[q].lanes.count
         for i in 0..<laneCount {
-            let lane = Int(queues[q]!.lanes[i])
+            let lane = Int(queues[q].lanes[i])
             guard lanes[lane].mask != 0, hasCapacity(Int(lanes[lane].host), now: now) else { continue }
             var bits = lanes[lane].mask
             while bits != 0 {
@@ -867,9 +876,8 @@ struct SchedulerStateMachine<Payload> {
     /// whole `Queue` value would retain its arrays.
     @inline(__always)
     private func isEligible(_ q: QueueID) -> Bool {
-        guard queues[q] != nil else { return false }
-        return !queues[q]!.suspended && queues[q]!.readyCount > 0
-            && queues[q]!.counters.running < queues[q]!.maxConcurrent
+        return !queues[q].suspended && queues[q].readyCount > 0
+            && queues[q].counters.running < queues[q].maxConcurrent
     }
 
     /// Starts whatever may start now.
@@ -891,9 +899,9 @@ struct SchedulerStateMachine<Payload> {
             var payloads: [Dependency] = []
             swap(&payloads, &slots[s].dependencyPayloads)
             let q = chosen.queue
-            queues[q]!.readyCount -= 1
-            queues[q]!.counters.queued -= 1
-            queues[q]!.counters.running += 1
+            queues[q].readyCount -= 1
+            queues[q].counters.queued -= 1
+            queues[q].counters.running += 1
             counters.queued -= 1
             counters.running += 1
             let host = Int(slots[s].host)
@@ -937,8 +945,8 @@ struct SchedulerStateMachine<Payload> {
         guard let s = liveSlot(id), slots[s].state == .running else { return [] }
         slots[s].state = .backoff
         let q = slots[s].queue
-        queues[q]!.counters.running -= 1
-        queues[q]!.counters.queued += 1
+        queues[q].counters.running -= 1
+        queues[q].counters.queued += 1
         counters.running -= 1
         counters.queued += 1
         hosts[Int(slots[s].host)].running -= 1
