@@ -71,12 +71,3 @@ void fqs_set_thread_name(const char *name) {
     shortened[sizeof shortened - 1] = '\0';
     pthread_setname_np(pthread_self(), shortened);
 }
-
-int fqs_mutex_init_adaptive(pthread_mutex_t *mutex) {
-    pthread_mutexattr_t attr;
-    pthread_mutexattr_init(&attr);
-    pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_ADAPTIVE_NP);
-    int rc = pthread_mutex_init(mutex, &attr);
-    pthread_mutexattr_destroy(&attr);
-    return rc;
-}

@@ -3,7 +3,6 @@
 #ifndef FQ_SUPPORT_H
 #define FQ_SUPPORT_H
 
-#include <pthread.h>
 #include <stddef.h>
 
 /* The calling thread's last error message (what fq_last_error() returns). */
@@ -21,10 +20,5 @@ int fqs_eventfd(void);
 
 /* Names the calling thread (at most 15 bytes are kept, as Linux allows). */
 void fqs_set_thread_name(const char *name);
-
-/* pthread_mutex_init with PTHREAD_MUTEX_ADAPTIVE_NP: a contended lock
- * spins briefly before sleeping in the kernel, which suits the engine's
- * short critical sections (glibc's default type sleeps at once). */
-int fqs_mutex_init_adaptive(pthread_mutex_t *mutex);
 
 #endif

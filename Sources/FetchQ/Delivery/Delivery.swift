@@ -52,13 +52,16 @@ final class Delivery: @unchecked Sendable {
         if eventFD >= 0 { close(eventFD) }
     }
 
+    /// Queues an item. Only the first item of a batch wakes the consumer:
+    /// the delivery thread takes everything waiting when it wakes, so
+    /// signalling for every item only paid for futex calls.
     func post(_ item: Item) {
         lock.lock()
         let wasEmpty = items.isEmpty
         items.append(item)
         if mode == .poll && wasEmpty { signalFD() }
         lock.unlock()
-        if mode == .thread { lock.signal() }
+        if mode == .thread && wasEmpty { lock.signal() }
     }
 
     private func signalFD() {

@@ -13,7 +13,7 @@ final class ConditionLock: @unchecked Sendable {
     init() {
         mutex = .allocate(capacity: 1)
         cond = .allocate(capacity: 1)
-        fqs_mutex_init_adaptive(mutex)
+        pthread_mutex_init(mutex, nil)
         var attr = pthread_condattr_t()
         pthread_condattr_init(&attr)
         pthread_condattr_setclock(&attr, CLOCK_MONOTONIC)
