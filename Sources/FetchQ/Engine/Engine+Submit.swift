@@ -249,7 +249,8 @@ extension Engine {
         if common.maxWaitMs > 0 { spec.startDeadline = now + UInt64(common.maxWaitMs) * 1_000_000 }
         // Made before locking (its id is set under the lock, before anyone
         // else can see it): the lock is held for the bookkeeping only.
-        let op = Operation(id: 0, queue: queue, qos: common.qos, body: body, callback: callback, engine: self)
+        let op = Operation(id: 0, queue: queue, qos: common.qos, body: body, callback: callback, engine: self,
+                           submittedAt: now)
 
         lock.lock()
         guard !shuttingDown else {

@@ -75,7 +75,7 @@ public final class Operation: @unchecked Sendable {
     var errorStatus = FQStatus.operation
     /// A search-all's parent and children share one family.
     var family: SearchAllFamily?
-    let submittedAt = monotonicNanos()
+    let submittedAt: UInt64
     /// Network operations: when the transfer started, and its id (both
     /// guarded by the engine's lock).
     var startedAt: UInt64 = 0
@@ -89,7 +89,9 @@ public final class Operation: @unchecked Sendable {
     /// A carrier: the engine-internal operation running a shared transfer.
     var carries: SharedTransfer?
 
-    init(id: OpID, queue: QueueID, qos: QoS, body: OperationBody, callback: Callback, engine: Engine) {
+    init(id: OpID, queue: QueueID, qos: QoS, body: OperationBody, callback: Callback, engine: Engine,
+         submittedAt: UInt64 = monotonicNanos()) {
+        self.submittedAt = submittedAt
         self.id = id
         self.queue = queue
         self.qos = qos

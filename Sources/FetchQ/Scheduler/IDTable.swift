@@ -1,19 +1,24 @@
 /// A hash map from operation ids (> 0) to values, for the engine's hot
-/// paths: open addressing with linear probing, a multiplicative (Fibonacci)
-/// hash and backward-shift deletion, so lookups cost a multiply and a probe
-/// or two. Swift's `Dictionary` hashes every key with seeded SipHash, which
-/// the P1 benchmark's profile showed as the largest single cost per op.
+/// paths: Robin Hood linear probing with the id itself as the hash, and
+/// backward-shift deletion. Swift's `Dictionary` hashes every key with
+/// seeded SipHash, which the P1 benchmark's profile showed as the largest
+/// single cost per op.
+///
+/// Ids are handed out in sequence and the live ones form a sliding window,
+/// so with the id as its own hash nearly every key sits in its home bucket
+/// and neighbours share cache lines. Robin Hood ordering matters here: with
+/// plain linear probing a window of sequential ids is one long run, and a
+/// backward-shift deletion had to walk to its end (a 100 000-op failure
+/// chain took minutes); here a deletion stops at the first key that is home.
 struct IDTable<Value> {
     /// 0 marks an empty bucket (ids are > 0).
     private var keys: [OpID]
     private var values: [Value?]
     private(set) var count = 0
-    private var shift: UInt64
 
     init() {
         keys = [OpID](repeating: 0, count: 16)
         values = [Value?](repeating: nil, count: 16)
-        shift = 64 - 4
     }
 
     var isEmpty: Bool { count == 0 }
@@ -21,18 +26,28 @@ struct IDTable<Value> {
 
     @inline(__always)
     private func home(_ key: OpID) -> Int {
-        Int(truncatingIfNeeded: (UInt64(bitPattern: key) &* 0x9E37_79B9_7F4A_7C15) >> shift)
+        Int(truncatingIfNeeded: key) & mask
+    }
+
+    /// How far bucket `i` is from the home of the key it holds.
+    @inline(__always)
+    private func distance(_ i: Int, _ key: OpID) -> Int {
+        (i - home(key)) & mask
     }
 
     /// The bucket holding `key`, or nil.
     @inline(__always)
     private func find(_ key: OpID) -> Int? {
         var i = home(key)
+        var d = 0
         while true {
             let k = keys[i]
             if k == key { return i }
-            if k == 0 { return nil }
+            // Robin Hood invariant: `key` would have displaced a key closer
+            // to its home than `d`.
+            if k == 0 || distance(i, k) < d { return nil }
             i = (i + 1) & mask
+            d += 1
         }
     }
 
@@ -48,46 +63,51 @@ struct IDTable<Value> {
     /// Inserts or replaces.
     mutating func insert(_ key: OpID, _ value: Value) {
         precondition(key > 0, "IDTable keys are > 0")
+        if let i = find(key) {
+            values[i] = value
+            return
+        }
         if (count + 1) * 10 > keys.count * 7 { grow() }
+        var carriedKey = key
+        var carriedValue: Value? = value
         var i = home(key)
+        var d = 0
         while true {
             let k = keys[i]
-            if k == key {
-                values[i] = value
-                return
-            }
             if k == 0 {
-                keys[i] = key
-                values[i] = value
+                keys[i] = carriedKey
+                values[i] = carriedValue
                 count += 1
                 return
             }
+            let dk = distance(i, k)
+            if dk < d {
+                // Take the bucket from a key nearer its home; carry that one on.
+                keys[i] = carriedKey
+                carriedKey = k
+                swap(&carriedValue, &values[i])
+                d = dk
+            }
             i = (i + 1) & mask
+            d += 1
         }
     }
 
     @discardableResult
     mutating func removeValue(forKey key: OpID) -> Value? {
         guard var hole = find(key) else { return nil }
-        let removed = values[hole]
+        let removed = values[hole].take()
         count -= 1
-        // Backward shift: pull later entries of the probe run into the hole
-        // when their home is not between the hole and themselves.
-        var i = hole
+        // Backward shift until an empty bucket or a key in its home bucket.
         while true {
-            i = (i + 1) & mask
-            let k = keys[i]
-            if k == 0 { break }
-            let h = home(k)
-            let movable = hole <= i ? (h <= hole || h > i) : (h <= hole && h > i)
-            if movable {
-                keys[hole] = k
-                values[hole] = values[i]
-                hole = i
-            }
+            let next = (hole + 1) & mask
+            let k = keys[next]
+            if k == 0 || distance(next, k) == 0 { break }
+            keys[hole] = k
+            values[hole] = values[next].take()
+            hole = next
         }
         keys[hole] = 0
-        values[hole] = nil
         return removed
     }
 
@@ -97,7 +117,6 @@ struct IDTable<Value> {
         let capacity = keys.count * 2
         keys = [OpID](repeating: 0, count: capacity)
         values = [Value?](repeating: nil, count: capacity)
-        shift -= 1
         count = 0
         for i in oldKeys.indices where oldKeys[i] != 0 {
             insert(oldKeys[i], oldValues[i].take()!)

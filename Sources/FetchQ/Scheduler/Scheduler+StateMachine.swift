@@ -455,10 +455,14 @@ struct SchedulerStateMachine<Payload> {
         }
         if let (dep, outcome) = failedDependency {
             end(s, .cancelled, .dependency, .dependency(dep, outcome), now: now, into: &actions)
-        } else if slots[s].waitingOn == 0 {
-            makeReady(s, now: now)
+            schedule(now: now, into: &actions)
+        } else {
+            if slots[s].waitingOn == 0 { makeReady(s, now: now) }
+            // Only this queue changed: if it cannot start anything, neither
+            // can the others (they were settled by the last event; time-based
+            // changes, aging and tokens, come through `expire`).
+            if isEligible(q) { schedule(now: now, into: &actions) }
         }
-        schedule(now: now, into: &actions)
         return .success(id)
     }
 
