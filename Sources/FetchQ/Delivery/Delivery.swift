@@ -64,6 +64,17 @@ final class Delivery: @unchecked Sendable {
         if mode == .thread && wasEmpty { lock.signal() }
     }
 
+    /// Queues items in order with one lock round trip (and at most one wake).
+    func post(contentsOf batch: [Item]) {
+        guard !batch.isEmpty else { return }
+        lock.lock()
+        let wasEmpty = items.isEmpty
+        for item in batch { items.append(item) }
+        if mode == .poll && wasEmpty { signalFD() }
+        lock.unlock()
+        if mode == .thread && wasEmpty { lock.signal() }
+    }
+
     private func signalFD() {
         var one: UInt64 = 1
         _ = write(eventFD, &one, 8)

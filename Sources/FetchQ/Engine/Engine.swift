@@ -33,6 +33,10 @@ public final class Engine: @unchecked Sendable {
     var eventHandler: EventHandler?
     /// Item stores used by searches, kept open (ItemStore.shared holds them weakly).
     var stores: [String: ItemStore] = [:]
+    /// Completions and events decided under the lock, handed to the delivery
+    /// queue in one batch at the end of `resolve` (still under the lock, so
+    /// in the order they were decided).
+    var pendingPosts: [Delivery.Item] = []
     /// In-flight shared transfers by request key.
     var coalesced: [String: SharedTransfer] = [:]
     /// The HTTP cache (config "cache"), nil when its size is 0.
@@ -206,10 +210,12 @@ public final class Engine: @unchecked Sendable {
     }
 
     /// Turns actions into work on operation objects. Called with the lock
-    /// held. Completions and events are posted to the delivery queue right
-    /// here, under the lock, so their order is the order in which the
-    /// scheduler decided them (a child's event before its parent's callback,
-    /// a dependency's callback before its dependents').
+    /// held. Completions and events (with those the caller queued in
+    /// `pendingPosts` before) are posted to the delivery queue right here,
+    /// under the lock, so their order is the order in which the scheduler
+    /// decided them (a child's event before its parent's callback, a
+    /// dependency's callback before its dependents'). Every path that queues
+    /// in `pendingPosts` calls this before unlocking.
     func resolve(_ actions: [Machine.Action]) -> [Work] {
         var work: [Work] = []
         resolve(actions, into: &work)
@@ -243,8 +249,8 @@ public final class Engine: @unchecked Sendable {
                     continue
                 }
                 let result = OperationResult(id: id, outcome: outcome, status: status, reason: reason)
-                delivery.post(.completion(result, op.callback, op.queue))
-                actions += familyEnded(op, result, &work)
+                pendingPosts.append(.completion(result, op.callback, op.queue))
+                if op.family != nil { actions += familyEnded(op, result, &work) }
             case .cancelRunning(let id):
                 guard let op = live[id] else { continue }
                 op.markCancelled()
@@ -265,6 +271,10 @@ public final class Engine: @unchecked Sendable {
         if machine.waitsForTokens { work.append(.kickTimer) }
         let released = machine.takeReleased()
         if !released.isEmpty { work.append(.release(released)) }
+        if !pendingPosts.isEmpty {
+            delivery.post(contentsOf: pendingPosts)
+            pendingPosts.removeAll(keepingCapacity: pendingPosts.count <= 1024)
+        }
     }
 
     /// With the lock held: ends a coalesced caller that has not got its result.
@@ -273,7 +283,7 @@ public final class Engine: @unchecked Sendable {
         guard machine.state(of: caller.id) == .attached else { return [] }
         let result = OperationResult(id: caller.id, outcome: outcome, status: status, reason: reason)
         live[caller.id] = nil
-        delivery.post(.completion(result, caller.callback, caller.queue))
+        pendingPosts.append(.completion(result, caller.callback, caller.queue))
         return machine.finished(caller.id, outcome, payload: result, now: monotonicNanos())
     }
 
@@ -290,7 +300,7 @@ public final class Engine: @unchecked Sendable {
         } else {
             if family.childEvents && !family.parentEnded, let handler = eventHandler {
                 let event = OperationEvent(id: family.parent, kind: .child, child: result, query: family.queries[op.id])
-                delivery.post(.event(event, handler))
+                pendingPosts.append(.event(event, handler))
             }
             if family.failFast && result.outcome == .failed && !family.failedFast {
                 family.failedFast = true
@@ -388,7 +398,7 @@ public final class Engine: @unchecked Sendable {
         // event, then this callback, then the dependents'.
         let familyActions = op.family == nil ? [] : familyEnded(op, result, &work)
         if op.carries == nil {  // a carrier is internal: nobody waits for its callback
-            delivery.post(.completion(result, op.callback, op.queue))
+            pendingPosts.append(.completion(result, op.callback, op.queue))
         }
         resolve(familyActions.isEmpty ? actions : familyActions + actions, into: &work)
         lock.unlock()

@@ -6,7 +6,9 @@ import CJansson
 struct OptionReader {
     private let object: UnsafeMutablePointer<json_t>?
     let context: String
-    private var consumed: Set<String> = []
+    /// Keys read so far, each once (a few per object: an array beats
+    /// hashing Strings into a Set on every submit).
+    private var consumed: [String] = []
 
     /// `json` is borrowed; nil means "no options".
     init(_ json: UnsafePointer<json_t>?, context: String) throws(FetchQError) {
@@ -24,7 +26,7 @@ struct OptionReader {
     /// The raw value (borrowed), marking the key as read.
     mutating func value(_ key: String) -> UnsafeMutablePointer<json_t>? {
         guard let object, let v = json_object_get(object, key) else { return nil }
-        consumed.insert(key)
+        if !consumed.contains(key) { consumed.append(key) }
         return v
     }
 
@@ -98,6 +100,8 @@ struct OptionReader {
     /// Fails on the first key nobody read.
     func finish() throws(FetchQError) {
         guard let object else { return }
+        // Every key read exists in the object: equal counts mean none is unknown.
+        if consumed.count == json_object_size(object) { return }
         var iter = json_object_iter(object)
         while let it = iter {
             let key = String(cString: json_object_iter_key(it))
