@@ -24,8 +24,11 @@ Calling ``json_delete`` on a value someone else may still reference would be a
 use-after-free, so the binding never calls it on a foreign value. Instead:
 
 * Values the library hands us (callback results, dependency results) are
-  BORROWED: they are serialized with ``json_dumps`` during the call and never
-  released by us.
+  BORROWED. To keep one past the callback, :func:`hold` puts a NEW reference
+  to it into a fresh private array with ``json_pack("[O...]")`` — jansson's
+  own ``json_incref`` does the counting, atomically — and :func:`release`
+  ``json_delete``s that array (the same argument as below). Converting to a
+  Python value (``json_dumps`` + ``json.loads``) only reads.
 * To drop a reference we own (a config/options/request object we built, or
   the NEW reference from ``fq_engine_stats``) we move it into a fresh array
   with ``json_array_append_new`` (which steals it) and ``json_delete`` that
@@ -229,11 +232,11 @@ FUNCTIONS: List[_Decl] = [
     ("fq_result_outcome", c_int, [c_void_p], None),
     ("fq_result_status", c_int, [c_void_p], None),
     ("fq_result_error", c_char_p, [c_void_p], None),
-    ("fq_result_value", JsonP, [c_void_p], None),
+    ("fq_result_value", c_void_p, [c_void_p], None),  # json_t * as an int
     ("fq_result_http_status", c_long, [c_void_p], None),
-    ("fq_result_headers", JsonP, [c_void_p], None),
+    ("fq_result_headers", c_void_p, [c_void_p], None),
     ("fq_result_body", c_void_p, [c_void_p, POINTER(c_size_t)], None),
-    ("fq_result_metrics", JsonP, [c_void_p], None),
+    ("fq_result_metrics", c_void_p, [c_void_p], None),
     ("fq_result_from_cache", c_bool, [c_void_p], None),
     # Item store
     ("fq_store_open", StoreP, [c_char_p, c_char_p, c_size_t], None),  # NULL: checked by Store
@@ -250,14 +253,16 @@ FUNCTIONS: List[_Decl] = [
 ALIASES: Dict[str, str] = {"fq_event_result": "fq_event_child_result"}
 
 # jansson functions used by the bridge (all exported by libjansson.so.4).
+# json_t * arguments declared c_void_p take a JsonP as well as an address.
 JANSSON_FUNCTIONS: List[_Decl] = [
     ("json_loadb", JsonP, [c_char_p, c_size_t, c_size_t, POINTER(JsonError)], None),
-    ("json_dumps", c_void_p, [JsonP, c_size_t], None),  # char *, freed below
+    ("json_dumps", c_void_p, [c_void_p, c_size_t], None),  # char *, freed below
+    ("json_pack", JsonP, None, None),  # variadic: no argtypes (pointers as c_void_p)
     ("json_array", JsonP, [], None),
     ("json_array_append_new", c_int, [JsonP, JsonP], None),
     ("json_array_extend", c_int, [JsonP, JsonP], None),
     ("json_array_size", c_size_t, [JsonP], None),
-    ("json_delete", None, [JsonP], None),
+    ("json_delete", None, [c_void_p], None),
     ("json_get_alloc_funcs", None, [POINTER(c_void_p), POINTER(c_void_p)], None),
 ]
 
@@ -336,7 +341,8 @@ class Library:
         for name, restype, argtypes, _ in JANSSON_FUNCTIONS:
             fn = getattr(source, name)
             fn.restype = restype
-            fn.argtypes = argtypes
+            if argtypes is not None:
+                fn.argtypes = argtypes
             setattr(j, name, fn)
         return j
 
@@ -482,8 +488,59 @@ def decref(ptr: Any) -> None:
     j.json_delete(holder)
 
 
+# Arrays made by hold() and not yet released, by id() of their JsonP (ctypes
+# pointers are not hashable). Lets tests count live references; release() of
+# an array not in it does nothing.
+_HELD: Dict[int, Any] = {}
+_HOLD_FORMATS: Dict[Tuple[bool, ...], bytes] = {}
+
+
+def hold(*ptrs: Any) -> Any:
+    """Keeps BORROWED ``json_t *`` values (addresses or JsonP; NULL allowed)
+    alive past the call that lent them: returns a new private array (JsonP)
+    holding one NEW reference to each non-NULL value (NULLs become json
+    null), taken by jansson's ``json_pack`` "O" (an atomic json_incref).
+    0 when every pointer is NULL. The caller owns the array: exactly one
+    :func:`release` frees it and drops those references. The values stay at
+    the addresses the caller already has."""
+    present = tuple(bool(p) for p in ptrs)
+    if not any(present):
+        return 0
+    fmt = _HOLD_FORMATS.get(present)
+    if fmt is None:
+        fmt = _HOLD_FORMATS.setdefault(
+            present, b"[" + b"".join(b"O" if p else b"n" for p in present) + b"]")
+    args = [c_void_p(p) if isinstance(p, int) else p for p in ptrs if p]
+    holder = lib().jansson.json_pack(fmt, *args)
+    if not holder:
+        raise MemoryError("json_pack failed")
+    _HELD[id(holder)] = holder
+    return holder
+
+
+def release(holder: Any) -> None:
+    """Frees an array made by :func:`hold`, dropping its references (the
+    array is ours alone, so json_delete is exactly its json_decref; jansson
+    then decrefs each element atomically). Safe from any thread."""
+    if not holder or _HELD.pop(id(holder), None) is not holder:
+        return      # not ours, or released already: never free twice
+    lib().jansson.json_delete(holder)
+
+
+def held_count() -> int:
+    """How many hold() arrays are alive (for tests)."""
+    return len(_HELD)
+
+
+def refcount(ptr: Any) -> int:
+    """The reference count of a ``json_t *`` (address or JsonP); for tests."""
+    address = ptr if isinstance(ptr, int) else ctypes.cast(ptr, c_void_p).value
+    return int(c_size_t.from_address(address + JsonT.refcount.offset).value)
+
+
 def from_json(ptr: Any) -> Any:
-    """The Python value of a BORROWED ``json_t *`` (None for NULL)."""
+    """The Python value of a BORROWED ``json_t *`` (address or JsonP; None
+    for NULL)."""
     if not ptr:
         return None
     L = lib()
@@ -547,5 +604,6 @@ def body_of(result: int) -> bytes:
 
 __all__ = [
     "Library", "lib", "load_library", "candidate_paths", "to_json", "to_json_or_null",
-    "from_json", "decref", "check", "COMPLETION_FN", "BLOCK_FN", "ASYNC_FN", "EVENT_FN", "LOG_FN",
+    "from_json", "decref", "hold", "release", "check",
+    "COMPLETION_FN", "BLOCK_FN", "ASYNC_FN", "EVENT_FN", "LOG_FN",
 ]
