@@ -639,6 +639,8 @@ class _Core:
         self.lib = _ffi.lib()
         self.has_http = self.lib.has("fq_result_http_status")
         self.has_from_cache = self.lib.has("fq_result_from_cache")
+        # option objects reused across submits; cleared when the engine is freed
+        self.json_cache = _ffi.JsonCache()
         self.mode = mode
         self.loop = loop
         self.loop_thread = threading.get_ident() if loop is not None else None
@@ -983,6 +985,7 @@ class _Core:
                 self.idle.notify_all()
             for q in list(self.queues):
                 q._handle = None
+            self.json_cache.clear()         # no submit is in flight any more
         leftover = list(self.pending.values())
         self.pending.clear()
         if leftover:
@@ -1126,8 +1129,17 @@ class Queue:
 
     def _submit(self, state: _OpState, options: Optional[Dict[str, Any]],
                 call: Callable[[Any, Any, int], int], extra: Any = None) -> Any:
+        """Submits with the options as JSON; ``extra`` (a NEW json_t the call
+        borrows, e.g. the request) is released afterwards, also on failure."""
         core = self._core
-        opts = _ffi.to_json_or_null(options, "options")
+        try:
+            # Options objects are cached per engine (most submits repeat the
+            # same ones); depends_on lists are per operation: not cached.
+            opts, owned = core.json_cache.get(
+                options, "options", options is not None and "depends_on" not in options)
+        except BaseException:
+            _ffi.decref(extra)
+            raise
         token = next(core.tokens)
         fut = core.new_future()
         state.future = fut
@@ -1147,7 +1159,7 @@ class Queue:
             core.pending.pop(token, None)
             raise
         finally:
-            _ffi.decref(opts)
+            _ffi.decref(owned)
             _ffi.decref(extra)
         core.submitted(fut, op_id)
         return fut
@@ -1272,7 +1284,10 @@ class Queue:
             else:
                 raise TypeError("data must be str or bytes, not %s" % type(data).__name__)
         on_update = _callable_or_none(on_update, "on_update")
-        request = _ffi.to_json(req, "request")
+        # {"method", "url"} alone (the common GET): one json_pack call
+        request = _ffi.request_json(method, url) if len(req) == 2 else None
+        if request is None:
+            request = _ffi.to_json(req, "request")
         state = _OpState("request", self, progress=progress)
         state.on_update = on_update
         L = self._core.lib

@@ -447,10 +447,8 @@ def lib() -> Library:
 # --------------------------------------------------------------------------
 # Python objects <-> json_t
 
-def to_json(value: Any, what: str = "value") -> Any:
-    """A NEW ``json_t *`` (JsonP) for a Python value (dict/list/str/int/float/
-    bool/None). Raises TypeError for values JSON cannot hold and ValueError
-    for those jansson rejects (NaN, integers beyond int64, lone surrogates)."""
+def _dumps(value: Any, what: str) -> bytes:
+    """The compact ASCII JSON text of a Python value, as to_json sends it."""
     try:
         text = _json.dumps(value, ensure_ascii=True, allow_nan=False,
                            separators=(",", ":"))
@@ -458,14 +456,24 @@ def to_json(value: Any, what: str = "value") -> Any:
         raise ValueError("%s is not valid JSON: %s" % (what, exc)) from None
     except TypeError as exc:
         raise TypeError("%s is not JSON-serializable: %s" % (what, exc)) from None
-    data = text.encode("ascii")
+    return text.encode("ascii")
+
+
+def _loadb(data: bytes, what: str) -> Any:
+    """A NEW ``json_t *`` (JsonP) parsed by jansson from text made by _dumps."""
     err = JsonError()
-    j = lib().jansson
-    ptr = j.json_loadb(data, len(data), _LOAD_FLAGS, byref(err))
+    ptr = lib().jansson.json_loadb(data, len(data), _LOAD_FLAGS, byref(err))
     if not ptr:
         raise ValueError("%s cannot be represented in jansson: %s" % (
             what, err.text.decode("utf-8", "replace")))
     return ptr
+
+
+def to_json(value: Any, what: str = "value") -> Any:
+    """A NEW ``json_t *`` (JsonP) for a Python value (dict/list/str/int/float/
+    bool/None). Raises TypeError for values JSON cannot hold and ValueError
+    for those jansson rejects (NaN, integers beyond int64, lone surrogates)."""
+    return _loadb(_dumps(value, what), what)
 
 
 def to_json_or_null(value: Optional[Dict[str, Any]], what: str) -> Any:
@@ -473,6 +481,63 @@ def to_json_or_null(value: Optional[Dict[str, Any]], what: str) -> Any:
     if value is None:
         return None
     return to_json(value, what)
+
+
+class JsonCache:
+    """NEW ``json_t *`` objects for option dicts, keyed by their JSON text,
+    so that submitting the same options again skips jansson's parse.
+
+    The library only reads options during a submit call (it copies what it
+    keeps), so one object serves every submit, also concurrent ones. Holds at
+    most ``limit`` entries (no eviction: an entry may be in use by a submit
+    on another thread); beyond that :meth:`get` builds a private object.
+    :meth:`clear` must only run when no submit can still use an entry (the
+    engine's close, after every in-flight call returned)."""
+
+    def __init__(self, limit: int = 256) -> None:
+        self.limit = limit
+        self.entries: Dict[bytes, Any] = {}
+        self.closed = False
+        self.lock = threading.Lock()
+
+    def get(self, value: Optional[Dict[str, Any]], what: str,
+            cacheable: bool = True) -> Tuple[Any, Any]:
+        """(ptr, owned): pass ``ptr`` to the submit, then ``decref(owned)``
+        (None when ``ptr`` belongs to the cache). (None, None) for None."""
+        if value is None:
+            return None, None
+        data = _dumps(value, what)
+        ptr = self.entries.get(data)
+        if ptr is not None:
+            return ptr, None
+        ptr = _loadb(data, what)
+        if cacheable and len(self.entries) < self.limit:
+            with self.lock:
+                if not self.closed and data not in self.entries and len(self.entries) < self.limit:
+                    self.entries[data] = ptr
+                    return ptr, None
+        return ptr, ptr
+
+    def clear(self) -> None:
+        with self.lock:
+            self.closed = True
+            entries, self.entries = self.entries, {}
+        for ptr in entries.values():
+            decref(ptr)
+
+
+def request_json(method: str, url: str) -> Any:
+    """A NEW ``json_t *`` for ``{"method": method, "url": url}`` built with one
+    ``json_pack`` call, or None when the strings cannot be encoded as UTF-8
+    (the caller then uses to_json, which reports the error)."""
+    try:
+        m = method.encode("utf-8")
+        u = url.encode("utf-8")
+    except UnicodeEncodeError:
+        return None
+    ptr = lib().jansson.json_pack(b"{s:s%,s:s%}", b"method", m, c_size_t(len(m)),
+                                  b"url", u, c_size_t(len(u)))
+    return ptr or None
 
 
 def decref(ptr: Any) -> None:
@@ -604,6 +669,6 @@ def body_of(result: int) -> bytes:
 
 __all__ = [
     "Library", "lib", "load_library", "candidate_paths", "to_json", "to_json_or_null",
-    "from_json", "decref", "hold", "release", "check",
+    "from_json", "decref", "hold", "release", "request_json", "JsonCache", "check",
     "COMPLETION_FN", "BLOCK_FN", "ASYNC_FN", "EVENT_FN", "LOG_FN",
 ]

@@ -380,6 +380,48 @@ def test_many_responses_do_not_grow_memory(server: Server) -> None:
         assert grown < 10_000, "RSS grew by %d KB over 16 000 responses" % grown
 
 
+# -- the submit side -----------------------------------------------------------
+
+def test_options_objects_are_cached_per_engine(server: Server) -> None:
+    with fetchq.Engine(workers=2) as engine:
+        core = engine._core
+        q = engine.queue("lazy")
+        url = server.url("/json?size=100")
+        for i in range(6):
+            mode = ("json", "none")[i % 2]
+            r = q.get(url, parse=mode, coalesce=False).result(timeout=TIMEOUT)
+            assert r.parsed is (mode == "json")
+        assert len(core.json_cache.entries) == 2
+        first = q.get(url, coalesce=False)
+        dep = q.get(url, coalesce=False, depends_on=first)       # per operation: not cached
+        assert dep.result(timeout=TIMEOUT).status == 200 and len(core.json_cache.entries) == 3
+        with pytest.raises(ValueError):
+            q.get(url, timeout_ms=float("nan"))
+        with pytest.raises(fetchq.InvalidArgument):
+            q.get(url, parse="yaml")                                 # the library checks it
+        with pytest.raises(fetchq.InvalidArgument):
+            q.get(url, parse="yaml")                                 # also when cached
+        entries = list(core.json_cache.entries.values())
+        assert all(_ffi.refcount(p) == 1 for p in entries)
+    assert core.json_cache.entries == {} and core.json_cache.closed
+
+
+def test_plain_get_request_object_is_equivalent(net_engine: fetchq.Engine, server: Server) -> None:
+    q = net_engine.queue("lazy")
+    r = q.request("PURGE", server.url("/echo?x=%C3%A9")).result(timeout=TIMEOUT)
+    assert r.json()["method"] == "PURGE" and r.json()["query"] == {"x": "\u00e9"}
+    with pytest.raises(fetchq.InvalidArgument):
+        q.get(server.url("/echo\u0000x"))
+    with pytest.raises(ValueError):
+        q.get(server.url("/echo\ud800"))
+    with pytest.raises(fetchq.InvalidArgument):
+        q.request("GE T", server.url("/echo"))
+    ptr = _ffi.request_json("GET", "http://h/\u00e9\u0000")
+    assert _ffi.from_json(ptr) == {"method": "GET", "url": "http://h/\u00e9\u0000"}
+    assert _ffi.refcount(ptr) == 1
+    _ffi.decref(ptr)
+
+
 def test_hold_and_release_count_references() -> None:
     a = _ffi.to_json({"k": [1, 2]})
     b = _ffi.to_json("s")
