@@ -210,6 +210,19 @@ def test_http_error_response_keeps_the_engine_value(net_engine: fetchq.Engine, s
     assert resp._hold == 0                             # everything converted: released
 
 
+def test_too_deep_for_python_resolves_and_json_raises(server: Server) -> None:
+    """A document the engine parses (max_json_depth) but Python cannot
+    (recursion limit): the future resolves; json() raises RecursionError.
+    (Converted in the callback, the error used to be logged there and the
+    future never resolved.)"""
+    with fetchq.Engine(workers=2, max_json_depth=2000) as engine:
+        r = engine.queue("lazy").get(server.url("/deep?n=1500")).result(timeout=TIMEOUT)
+        assert r.parsed and r.status == 200 and len(r.body) == 3000
+        with pytest.raises(RecursionError):
+            r.json()
+        assert r.headers["content-type"] == "application/json"
+
+
 def test_data_survives_the_engine(server: Server, eager: Eager) -> None:
     children: List[fetchq.Result] = []
     deps: List[fetchq.Result] = []
