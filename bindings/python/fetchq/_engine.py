@@ -75,6 +75,73 @@ _tls = _Local()
 
 # --------------------------------------------------------------------------
 # Results
+#
+# Responses and Results are lazy. In the completion callback they copy only
+# what cannot wait — status, error, body bytes — and keep the rest as C
+# values: _ffi.hold() takes one reference to the headers, metrics and (when
+# needed) value json_t in a private array, so they outlive the callback,
+# the operation and the engine. Each is converted (json_dumps + json.loads)
+# the first time it is read; the array is released once nothing is left to
+# convert, or when the object is garbage collected — exactly once either
+# way (``_hold`` is swapped to 0 before the release).
+#
+# The value of a request that SUCCEEDED is never kept as a json_t: the
+# library documents it as "a parsed response", and libfetchq parses the body
+# it hands out with jansson's json_loadb(JSON_DECODE_ANY | JSON_ALLOW_NUL)
+# after rejecting raw NUL bytes. Everything jansson accepts that way, Python's
+# json.loads reads to the same value from the same bytes (integers are within
+# int64, reals finite doubles, strings valid UTF-8 without lone surrogates,
+# duplicate keys: the last wins in both, in the first key's place), so
+# ``json()`` parses ``body`` once instead of the json_dumps/json.loads round
+# trip. Failed requests (an HTTP status not accepted: the value may be a
+# stale cached one), searches and block results keep the json_t.
+
+_PENDING: Any = object()          # a lazy field not converted yet
+_LAZY_LOCK = threading.RLock()    # converting/releasing held json_t (reentrant:
+                                  # a finalizer may read another lazy field)
+
+
+def _drop_held(obj: Any) -> None:
+    """Releases obj's held array once no pointer is left to convert (caller
+    holds _LAZY_LOCK)."""
+    holder = obj._hold
+    if holder and not (obj._vptr or obj._hptr or obj._mptr):
+        obj._hold = 0
+        _ffi.release(holder)
+
+
+def _convert_held(obj: Any, slot: str, ptr_slot: str, empty: Any) -> Any:
+    """The Python value of a held json_t field, converted once."""
+    with _LAZY_LOCK:
+        value = getattr(obj, slot)
+        if value is _PENDING:
+            value = _ffi.from_json(getattr(obj, ptr_slot))
+            if value is None:
+                value = empty
+            setattr(obj, slot, value)
+            setattr(obj, ptr_slot, 0)
+            _drop_held(obj)
+        return value
+
+
+def _assign_held(obj: Any, slot: str, ptr_slot: str, value: Any) -> None:
+    """An assignment replaces the held json_t: it is no longer needed."""
+    with _LAZY_LOCK:
+        setattr(obj, slot, value)
+        setattr(obj, ptr_slot, 0)
+        _drop_held(obj)
+
+
+def _release_held(obj: Any) -> None:
+    """__del__: the object is unreachable, so nobody converts concurrently."""
+    holder = getattr(obj, "_hold", 0)
+    if holder:
+        obj._hold = 0
+        try:
+            _ffi.release(holder)
+        except Exception:  # interpreter shutdown: nothing left to do
+            pass
+
 
 class Response:
     """The outcome of a request.
@@ -86,22 +153,87 @@ class Response:
     ``op_id``, ``from_cache`` (answered by the engine's HTTP cache).
     ``json()`` returns the value the engine parsed (option parse="auto"/"json")
     or parses ``body`` itself.
+
+    ``headers``, ``metrics`` and the parsed value are converted to Python
+    objects when first read (then the same objects are returned each time).
     """
 
-    __slots__ = ("status", "headers", "body", "metrics", "op_id", "from_cache",
-                 "_value", "_has_value")
+    __slots__ = ("status", "body", "op_id", "from_cache", "_headers", "_metrics",
+                 "_value", "_has_value", "_hold", "_vptr", "_hptr", "_mptr")
 
     def __init__(self, status: int, headers: Dict[str, str], body: bytes,
                  metrics: Dict[str, Any], op_id: int, value: Any, has_value: bool,
                  from_cache: bool = False) -> None:
         self.from_cache = from_cache    # answered by the engine's HTTP cache
         self.status = status
-        self.headers = headers
+        self._headers = headers
         self.body = body
-        self.metrics = metrics
+        self._metrics = metrics
         self.op_id = op_id
         self._value = value
         self._has_value = has_value
+        self._hold = self._vptr = self._hptr = self._mptr = 0
+
+    @classmethod
+    def _from_result(cls, core: "_Core", result: int, op_id: int,
+                     value_is_body: bool) -> "Response":
+        """A lazy Response from a BORROWED fq_result (inside its callback).
+        ``value_is_body``: the value, if any, is the parse of the body (a
+        request that succeeded), so it is not kept as a json_t."""
+        L = core.lib
+        self = cls.__new__(cls)
+        self.status = int(L.fq_result_http_status(result))
+        self.op_id = op_id
+        self.from_cache = bool(L.fq_result_from_cache(result)) if core.has_from_cache else False
+        length = ctypes.c_size_t(0)
+        address = L.fq_result_body(result, ctypes.byref(length))
+        self.body = ctypes.string_at(address, length.value) if address and length.value else b""
+        vptr = L.fq_result_value(result)
+        hptr = L.fq_result_headers(result)
+        mptr = L.fq_result_metrics(result)
+        self._has_value = bool(vptr)
+        self._value = _PENDING if vptr else None
+        self._headers = _PENDING if hptr else {}
+        self._metrics = _PENDING if mptr else {}
+        if value_is_body:
+            vptr = None
+        self._vptr = vptr or 0
+        self._hptr = hptr or 0
+        self._mptr = mptr or 0
+        self._hold = _ffi.hold(vptr, hptr, mptr)
+        return self
+
+    def __del__(self) -> None:
+        _release_held(self)
+
+    def __reduce__(self) -> Any:
+        # copy, deepcopy and pickle get a plain (converted) Response: the held
+        # json_t belongs to this object alone.
+        return (Response, (self.status, self.headers, self.body, self.metrics, self.op_id,
+                           self.json() if self._has_value else None, self._has_value,
+                           self.from_cache))
+
+    @property
+    def headers(self) -> Dict[str, str]:
+        value = self._headers
+        if value is _PENDING:
+            value = _convert_held(self, "_headers", "_hptr", {})
+        return value  # type: ignore[no-any-return]
+
+    @headers.setter
+    def headers(self, value: Dict[str, str]) -> None:
+        _assign_held(self, "_headers", "_hptr", value)
+
+    @property
+    def metrics(self) -> Dict[str, Any]:
+        value = self._metrics
+        if value is _PENDING:
+            value = _convert_held(self, "_metrics", "_mptr", {})
+        return value  # type: ignore[no-any-return]
+
+    @metrics.setter
+    def metrics(self, value: Dict[str, Any]) -> None:
+        _assign_held(self, "_metrics", "_mptr", value)
 
     @property
     def ok(self) -> bool:
@@ -126,9 +258,19 @@ class Response:
             return self.body.decode("utf-8", "replace")
 
     def json(self) -> Any:
-        if self._has_value:
-            return self._value
-        return _json.loads(self.body)
+        if not self._has_value:
+            return _json.loads(self.body)
+        value = self._value
+        if value is _PENDING:
+            if self._vptr:
+                return _convert_held(self, "_value", "_vptr", None)
+            value = _json.loads(self.body)  # outside the lock: the body is ours
+            with _LAZY_LOCK:                # the first conversion wins
+                if self._value is _PENDING:
+                    self._value = value
+                else:
+                    value = self._value
+        return value
 
     def __repr__(self) -> str:
         return "<fetchq.Response op=%d status=%d %d bytes>" % (
@@ -145,11 +287,13 @@ class Result:
     ``op_id``, ``outcome`` ("succeeded" | "failed" | "cancelled"), ``status``
     (fq_status, 0 on success), ``error`` (message or None), ``value``, and for
     network operations ``http_status``, ``headers``, ``body``, ``metrics``;
-    ``query`` for a search-all child.
+    ``query`` for a search-all child. ``value``, ``headers`` and ``metrics``
+    are converted to Python objects when first read.
     """
 
-    __slots__ = ("op_id", "outcome", "status", "error", "value", "http_status",
-                 "headers", "body", "metrics", "query", "from_cache")
+    __slots__ = ("op_id", "outcome", "status", "error", "http_status", "body", "query",
+                 "from_cache", "_value", "_headers", "_metrics", "_hold", "_vptr",
+                 "_hptr", "_mptr")
 
     def __init__(self, op_id: int, outcome: str, status: int, error: Optional[str],
                  value: Any, http_status: int = 0, headers: Optional[Dict[str, str]] = None,
@@ -160,12 +304,54 @@ class Result:
         self.outcome = outcome
         self.status = status
         self.error = error
-        self.value = value
+        self._value = value
         self.http_status = http_status
-        self.headers = headers or {}
+        self._headers = headers or {}
         self.body = body
-        self.metrics = metrics or {}
+        self._metrics = metrics or {}
         self.query = query
+        self._hold = self._vptr = self._hptr = self._mptr = 0
+
+    def __del__(self) -> None:
+        _release_held(self)
+
+    def __reduce__(self) -> Any:
+        return (Result, (self.op_id, self.outcome, self.status, self.error, self.value,
+                         self.http_status, self.headers, self.body, self.metrics, self.query,
+                         self.from_cache))
+
+    @property
+    def value(self) -> Any:
+        value = self._value
+        if value is _PENDING:
+            value = _convert_held(self, "_value", "_vptr", None)
+        return value
+
+    @value.setter
+    def value(self, value: Any) -> None:
+        _assign_held(self, "_value", "_vptr", value)
+
+    @property
+    def headers(self) -> Dict[str, str]:
+        value = self._headers
+        if value is _PENDING:
+            value = _convert_held(self, "_headers", "_hptr", {})
+        return value  # type: ignore[no-any-return]
+
+    @headers.setter
+    def headers(self, value: Dict[str, str]) -> None:
+        _assign_held(self, "_headers", "_hptr", value)
+
+    @property
+    def metrics(self) -> Dict[str, Any]:
+        value = self._metrics
+        if value is _PENDING:
+            value = _convert_held(self, "_metrics", "_mptr", {})
+        return value  # type: ignore[no-any-return]
+
+    @metrics.setter
+    def metrics(self, value: Dict[str, Any]) -> None:
+        _assign_held(self, "_metrics", "_mptr", value)
 
     @property
     def ok(self) -> bool:
@@ -187,23 +373,32 @@ class Result:
 
 
 def _read_result(core: "_Core", result: int, query: Optional[str] = None) -> Result:
-    """Copies a BORROWED fq_result into Python objects."""
+    """A lazy Result from a BORROWED fq_result (valid only during the call):
+    copies the scalars and the body, holds the value, headers and metrics."""
     L = core.lib
-    status = int(L.fq_result_status(result))
-    network = L.has("fq_result_http_status")
-    return Result(
-        op_id=int(L.fq_result_op_id(result)),
-        outcome=_OUTCOMES.get(L.fq_result_outcome(result), "unknown"),
-        status=status,
-        error=_ffi.cstr(L.fq_result_error(result)),
-        value=_ffi.from_json(L.fq_result_value(result)),
-        http_status=int(L.fq_result_http_status(result)) if network else 0,
-        headers=(_ffi.from_json(L.fq_result_headers(result)) or {}) if network else {},
-        body=_ffi.body_of(result) if network else b"",
-        metrics=(_ffi.from_json(L.fq_result_metrics(result)) or {}) if network else {},
-        query=query,
-        from_cache=bool(L.fq_result_from_cache(result)) if L.has("fq_result_from_cache") else False,
-    )
+    self = Result.__new__(Result)
+    self.op_id = int(L.fq_result_op_id(result))
+    self.outcome = _OUTCOMES.get(L.fq_result_outcome(result), "unknown")
+    self.status = int(L.fq_result_status(result))
+    self.error = _ffi.cstr(L.fq_result_error(result))
+    self.query = query
+    self.from_cache = bool(L.fq_result_from_cache(result)) if core.has_from_cache else False
+    vptr = L.fq_result_value(result)
+    if core.has_http:
+        self.http_status = int(L.fq_result_http_status(result))
+        self.body = _ffi.body_of(result)
+        hptr = L.fq_result_headers(result)
+        mptr = L.fq_result_metrics(result)
+    else:
+        self.http_status, self.body, hptr, mptr = 0, b"", None, None
+    self._value = _PENDING if vptr else None
+    self._headers = _PENDING if hptr else {}
+    self._metrics = _PENDING if mptr else {}
+    self._vptr = vptr or 0
+    self._hptr = hptr or 0
+    self._mptr = mptr or 0
+    self._hold = _ffi.hold(vptr, hptr, mptr)
+    return self
 
 
 class Op:
@@ -442,6 +637,10 @@ class _Core:
                  loop: Optional[asyncio.AbstractEventLoop] = None,
                  use_logging: bool = True) -> None:
         self.lib = _ffi.lib()
+        self.has_http = self.lib.has("fq_result_http_status")
+        self.has_from_cache = self.lib.has("fq_result_from_cache")
+        # option objects reused across submits; cleared when the engine is freed
+        self.json_cache = _ffi.JsonCache()
         self.mode = mode
         self.loop = loop
         self.loop_thread = threading.get_ident() if loop is not None else None
@@ -583,7 +782,7 @@ class _Core:
                 self.by_op.pop(op_id, None)
         if outcome == FQ_SUCCEEDED:
             if state.kind == "request":
-                return "result", self._response(result, op_id)
+                return "result", Response._from_result(self, result, op_id, True)
             return "result", _ffi.from_json(L.fq_result_value(result))
         message = _ffi.cstr(L.fq_result_error(result)) or _ffi.cstr(L.fq_strerror(status)) or ""
         if outcome == FQ_CANCELLED and status != FQ_ERR_DEPENDENCY:
@@ -592,7 +791,7 @@ class _Core:
             self._violation("op %d completed with outcome %d" % (op_id, outcome))
         exc: FetchqError
         if status == FQ_ERR_HTTP:
-            resp = self._response(result, op_id)
+            resp = Response._from_result(self, result, op_id, False)
             exc = HTTPError(message, status, status=resp.status, body=resp.body,
                             headers=resp.headers, response=resp)
         elif status == FQ_ERR_DEPENDENCY:
@@ -605,20 +804,6 @@ class _Core:
             exc = error_for_status(status, message)
         exc.op_id = op_id  # type: ignore[attr-defined]
         return "exception", exc
-
-    def _response(self, result: int, op_id: int) -> Response:
-        L = self.lib
-        value_ptr = L.fq_result_value(result)
-        return Response(
-            status=int(L.fq_result_http_status(result)),
-            headers=_ffi.from_json(L.fq_result_headers(result)) or {},
-            body=_ffi.body_of(result),
-            metrics=_ffi.from_json(L.fq_result_metrics(result)) or {},
-            op_id=op_id,
-            value=_ffi.from_json(value_ptr),
-            has_value=bool(value_ptr),
-            from_cache=bool(L.fq_result_from_cache(result)) if L.has("fq_result_from_cache") else False,
-        )
 
     def _resolve(self, fut: AnyFuture, how: str, value: Any) -> None:
         def apply() -> None:
@@ -732,7 +917,8 @@ class _Core:
                 cached = L.fq_event_result(event)
                 if cached:
                     if state.kind == "request":
-                        state.on_update(self._response(cached, op_id))
+                        state.on_update(Response._from_result(
+                            self, cached, op_id, L.fq_result_outcome(cached) == FQ_SUCCEEDED))
                     else:
                         state.on_update(_ffi.from_json(L.fq_result_value(cached)))
         except BaseException:
@@ -799,6 +985,7 @@ class _Core:
                 self.idle.notify_all()
             for q in list(self.queues):
                 q._handle = None
+            self.json_cache.clear()         # no submit is in flight any more
         leftover = list(self.pending.values())
         self.pending.clear()
         if leftover:
@@ -942,8 +1129,17 @@ class Queue:
 
     def _submit(self, state: _OpState, options: Optional[Dict[str, Any]],
                 call: Callable[[Any, Any, int], int], extra: Any = None) -> Any:
+        """Submits with the options as JSON; ``extra`` (a NEW json_t the call
+        borrows, e.g. the request) is released afterwards, also on failure."""
         core = self._core
-        opts = _ffi.to_json_or_null(options, "options")
+        try:
+            # Options objects are cached per engine (most submits repeat the
+            # same ones); depends_on lists are per operation: not cached.
+            opts, owned = core.json_cache.get(
+                options, "options", options is not None and "depends_on" not in options)
+        except BaseException:
+            _ffi.decref(extra)
+            raise
         token = next(core.tokens)
         fut = core.new_future()
         state.future = fut
@@ -963,7 +1159,7 @@ class Queue:
             core.pending.pop(token, None)
             raise
         finally:
-            _ffi.decref(opts)
+            _ffi.decref(owned)
             _ffi.decref(extra)
         core.submitted(fut, op_id)
         return fut
@@ -1088,7 +1284,10 @@ class Queue:
             else:
                 raise TypeError("data must be str or bytes, not %s" % type(data).__name__)
         on_update = _callable_or_none(on_update, "on_update")
-        request = _ffi.to_json(req, "request")
+        # {"method", "url"} alone (the common GET): one json_pack call
+        request = _ffi.request_json(method, url) if len(req) == 2 else None
+        if request is None:
+            request = _ffi.to_json(req, "request")
         state = _OpState("request", self, progress=progress)
         state.on_update = on_update
         L = self._core.lib

@@ -24,8 +24,11 @@ Calling ``json_delete`` on a value someone else may still reference would be a
 use-after-free, so the binding never calls it on a foreign value. Instead:
 
 * Values the library hands us (callback results, dependency results) are
-  BORROWED: they are serialized with ``json_dumps`` during the call and never
-  released by us.
+  BORROWED. To keep one past the callback, :func:`hold` puts a NEW reference
+  to it into a fresh private array with ``json_pack("[O...]")`` — jansson's
+  own ``json_incref`` does the counting, atomically — and :func:`release`
+  ``json_delete``s that array (the same argument as below). Converting to a
+  Python value (``json_dumps`` + ``json.loads``) only reads.
 * To drop a reference we own (a config/options/request object we built, or
   the NEW reference from ``fq_engine_stats``) we move it into a fresh array
   with ``json_array_append_new`` (which steals it) and ``json_delete`` that
@@ -229,11 +232,11 @@ FUNCTIONS: List[_Decl] = [
     ("fq_result_outcome", c_int, [c_void_p], None),
     ("fq_result_status", c_int, [c_void_p], None),
     ("fq_result_error", c_char_p, [c_void_p], None),
-    ("fq_result_value", JsonP, [c_void_p], None),
+    ("fq_result_value", c_void_p, [c_void_p], None),  # json_t * as an int
     ("fq_result_http_status", c_long, [c_void_p], None),
-    ("fq_result_headers", JsonP, [c_void_p], None),
+    ("fq_result_headers", c_void_p, [c_void_p], None),
     ("fq_result_body", c_void_p, [c_void_p, POINTER(c_size_t)], None),
-    ("fq_result_metrics", JsonP, [c_void_p], None),
+    ("fq_result_metrics", c_void_p, [c_void_p], None),
     ("fq_result_from_cache", c_bool, [c_void_p], None),
     # Item store
     ("fq_store_open", StoreP, [c_char_p, c_char_p, c_size_t], None),  # NULL: checked by Store
@@ -250,14 +253,16 @@ FUNCTIONS: List[_Decl] = [
 ALIASES: Dict[str, str] = {"fq_event_result": "fq_event_child_result"}
 
 # jansson functions used by the bridge (all exported by libjansson.so.4).
+# json_t * arguments declared c_void_p take a JsonP as well as an address.
 JANSSON_FUNCTIONS: List[_Decl] = [
     ("json_loadb", JsonP, [c_char_p, c_size_t, c_size_t, POINTER(JsonError)], None),
-    ("json_dumps", c_void_p, [JsonP, c_size_t], None),  # char *, freed below
+    ("json_dumps", c_void_p, [c_void_p, c_size_t], None),  # char *, freed below
+    ("json_pack", JsonP, None, None),  # variadic: no argtypes (pointers as c_void_p)
     ("json_array", JsonP, [], None),
     ("json_array_append_new", c_int, [JsonP, JsonP], None),
     ("json_array_extend", c_int, [JsonP, JsonP], None),
     ("json_array_size", c_size_t, [JsonP], None),
-    ("json_delete", None, [JsonP], None),
+    ("json_delete", None, [c_void_p], None),
     ("json_get_alloc_funcs", None, [POINTER(c_void_p), POINTER(c_void_p)], None),
 ]
 
@@ -336,7 +341,8 @@ class Library:
         for name, restype, argtypes, _ in JANSSON_FUNCTIONS:
             fn = getattr(source, name)
             fn.restype = restype
-            fn.argtypes = argtypes
+            if argtypes is not None:
+                fn.argtypes = argtypes
             setattr(j, name, fn)
         return j
 
@@ -441,10 +447,8 @@ def lib() -> Library:
 # --------------------------------------------------------------------------
 # Python objects <-> json_t
 
-def to_json(value: Any, what: str = "value") -> Any:
-    """A NEW ``json_t *`` (JsonP) for a Python value (dict/list/str/int/float/
-    bool/None). Raises TypeError for values JSON cannot hold and ValueError
-    for those jansson rejects (NaN, integers beyond int64, lone surrogates)."""
+def _dumps(value: Any, what: str) -> bytes:
+    """The compact ASCII JSON text of a Python value, as to_json sends it."""
     try:
         text = _json.dumps(value, ensure_ascii=True, allow_nan=False,
                            separators=(",", ":"))
@@ -452,14 +456,24 @@ def to_json(value: Any, what: str = "value") -> Any:
         raise ValueError("%s is not valid JSON: %s" % (what, exc)) from None
     except TypeError as exc:
         raise TypeError("%s is not JSON-serializable: %s" % (what, exc)) from None
-    data = text.encode("ascii")
+    return text.encode("ascii")
+
+
+def _loadb(data: bytes, what: str) -> Any:
+    """A NEW ``json_t *`` (JsonP) parsed by jansson from text made by _dumps."""
     err = JsonError()
-    j = lib().jansson
-    ptr = j.json_loadb(data, len(data), _LOAD_FLAGS, byref(err))
+    ptr = lib().jansson.json_loadb(data, len(data), _LOAD_FLAGS, byref(err))
     if not ptr:
         raise ValueError("%s cannot be represented in jansson: %s" % (
             what, err.text.decode("utf-8", "replace")))
     return ptr
+
+
+def to_json(value: Any, what: str = "value") -> Any:
+    """A NEW ``json_t *`` (JsonP) for a Python value (dict/list/str/int/float/
+    bool/None). Raises TypeError for values JSON cannot hold and ValueError
+    for those jansson rejects (NaN, integers beyond int64, lone surrogates)."""
+    return _loadb(_dumps(value, what), what)
 
 
 def to_json_or_null(value: Optional[Dict[str, Any]], what: str) -> Any:
@@ -467,6 +481,63 @@ def to_json_or_null(value: Optional[Dict[str, Any]], what: str) -> Any:
     if value is None:
         return None
     return to_json(value, what)
+
+
+class JsonCache:
+    """NEW ``json_t *`` objects for option dicts, keyed by their JSON text,
+    so that submitting the same options again skips jansson's parse.
+
+    The library only reads options during a submit call (it copies what it
+    keeps), so one object serves every submit, also concurrent ones. Holds at
+    most ``limit`` entries (no eviction: an entry may be in use by a submit
+    on another thread); beyond that :meth:`get` builds a private object.
+    :meth:`clear` must only run when no submit can still use an entry (the
+    engine's close, after every in-flight call returned)."""
+
+    def __init__(self, limit: int = 256) -> None:
+        self.limit = limit
+        self.entries: Dict[bytes, Any] = {}
+        self.closed = False
+        self.lock = threading.Lock()
+
+    def get(self, value: Optional[Dict[str, Any]], what: str,
+            cacheable: bool = True) -> Tuple[Any, Any]:
+        """(ptr, owned): pass ``ptr`` to the submit, then ``decref(owned)``
+        (None when ``ptr`` belongs to the cache). (None, None) for None."""
+        if value is None:
+            return None, None
+        data = _dumps(value, what)
+        ptr = self.entries.get(data)
+        if ptr is not None:
+            return ptr, None
+        ptr = _loadb(data, what)
+        if cacheable and len(self.entries) < self.limit:
+            with self.lock:
+                if not self.closed and data not in self.entries and len(self.entries) < self.limit:
+                    self.entries[data] = ptr
+                    return ptr, None
+        return ptr, ptr
+
+    def clear(self) -> None:
+        with self.lock:
+            self.closed = True
+            entries, self.entries = self.entries, {}
+        for ptr in entries.values():
+            decref(ptr)
+
+
+def request_json(method: str, url: str) -> Any:
+    """A NEW ``json_t *`` for ``{"method": method, "url": url}`` built with one
+    ``json_pack`` call, or None when the strings cannot be encoded as UTF-8
+    (the caller then uses to_json, which reports the error)."""
+    try:
+        m = method.encode("utf-8")
+        u = url.encode("utf-8")
+    except UnicodeEncodeError:
+        return None
+    ptr = lib().jansson.json_pack(b"{s:s%,s:s%}", b"method", m, c_size_t(len(m)),
+                                  b"url", u, c_size_t(len(u)))
+    return ptr or None
 
 
 def decref(ptr: Any) -> None:
@@ -482,8 +553,59 @@ def decref(ptr: Any) -> None:
     j.json_delete(holder)
 
 
+# Arrays made by hold() and not yet released, by id() of their JsonP (ctypes
+# pointers are not hashable). Lets tests count live references; release() of
+# an array not in it does nothing.
+_HELD: Dict[int, Any] = {}
+_HOLD_FORMATS: Dict[Tuple[bool, ...], bytes] = {}
+
+
+def hold(*ptrs: Any) -> Any:
+    """Keeps BORROWED ``json_t *`` values (addresses or JsonP; NULL allowed)
+    alive past the call that lent them: returns a new private array (JsonP)
+    holding one NEW reference to each non-NULL value (NULLs become json
+    null), taken by jansson's ``json_pack`` "O" (an atomic json_incref).
+    0 when every pointer is NULL. The caller owns the array: exactly one
+    :func:`release` frees it and drops those references. The values stay at
+    the addresses the caller already has."""
+    present = tuple(bool(p) for p in ptrs)
+    if not any(present):
+        return 0
+    fmt = _HOLD_FORMATS.get(present)
+    if fmt is None:
+        fmt = _HOLD_FORMATS.setdefault(
+            present, b"[" + b"".join(b"O" if p else b"n" for p in present) + b"]")
+    args = [c_void_p(p) if isinstance(p, int) else p for p in ptrs if p]
+    holder = lib().jansson.json_pack(fmt, *args)
+    if not holder:
+        raise MemoryError("json_pack failed")
+    _HELD[id(holder)] = holder
+    return holder
+
+
+def release(holder: Any) -> None:
+    """Frees an array made by :func:`hold`, dropping its references (the
+    array is ours alone, so json_delete is exactly its json_decref; jansson
+    then decrefs each element atomically). Safe from any thread."""
+    if not holder or _HELD.pop(id(holder), None) is not holder:
+        return      # not ours, or released already: never free twice
+    lib().jansson.json_delete(holder)
+
+
+def held_count() -> int:
+    """How many hold() arrays are alive (for tests)."""
+    return len(_HELD)
+
+
+def refcount(ptr: Any) -> int:
+    """The reference count of a ``json_t *`` (address or JsonP); for tests."""
+    address = ptr if isinstance(ptr, int) else ctypes.cast(ptr, c_void_p).value
+    return int(c_size_t.from_address(address + JsonT.refcount.offset).value)
+
+
 def from_json(ptr: Any) -> Any:
-    """The Python value of a BORROWED ``json_t *`` (None for NULL)."""
+    """The Python value of a BORROWED ``json_t *`` (address or JsonP; None
+    for NULL)."""
     if not ptr:
         return None
     L = lib()
@@ -547,5 +669,6 @@ def body_of(result: int) -> bytes:
 
 __all__ = [
     "Library", "lib", "load_library", "candidate_paths", "to_json", "to_json_or_null",
-    "from_json", "decref", "check", "COMPLETION_FN", "BLOCK_FN", "ASYNC_FN", "EVENT_FN", "LOG_FN",
+    "from_json", "decref", "hold", "release", "request_json", "JsonCache", "check",
+    "COMPLETION_FN", "BLOCK_FN", "ASYNC_FN", "EVENT_FN", "LOG_FN",
 ]
