@@ -157,7 +157,7 @@ extension Engine {
                                          message: (result.message ?? "") + " (the stale cached value is kept as the value)",
                                          value: cached.value, http: result.http)
             }
-            finishRunning(op, result, onWorker: true)
+            if let next = finishRunning(op, result, onWorker: true) { runBody(next) }
             return
         }
         // A shared transfer: every caller still attached gets its own result.
@@ -171,8 +171,9 @@ extension Engine {
             guard case .network(let callerJob) = caller.body else { continue }
             let queueWaitMs = Double(op.startedAt > caller.submittedAt ? op.startedAt - caller.submittedAt : 0) / 1e6
             workers.submit(qos: caller.qos) { [self, outcome, fromCache] in
-                finishRunning(caller, callerJob.result(id: caller.id, outcome, queueWaitMs: queueWaitMs, attempts: attempts,
-                                                       cancelled: caller.isCancelled, fromCache: fromCache), onWorker: true)
+                let result = callerJob.result(id: caller.id, outcome, queueWaitMs: queueWaitMs, attempts: attempts,
+                                              cancelled: caller.isCancelled, fromCache: fromCache)
+                if let next = finishRunning(caller, result, onWorker: true) { runBody(next) }
             }
         }
         let ok = (try? outcome.get()) != nil

@@ -316,39 +316,48 @@ public final class Engine: @unchecked Sendable {
     }
 
     /// Carries out work after unlocking. `selfPickup`: called by a worker
-    /// at the end of its job, which will take the first worker job queued
-    /// here itself, so nobody else needs waking for it.
-    func execute(_ work: [Work], selfPickup: Bool = false) {
+    /// at the end of its job. The first block/async operation started here is
+    /// then returned for that worker to run next itself (no pool round trip,
+    /// nobody woken) — unless other jobs wait in the pool, which go first.
+    @discardableResult
+    func execute(_ work: [Work], selfPickup: Bool = false) -> Operation? {
         var selfPickup = selfPickup
+        var next: Operation? = nil
         for item in work {
             switch item {
             case .start(let op):
-                start(op, selfPickup: selfPickup)
-                if case .network = op.body {} else { selfPickup = false }
+                if case .network(let job) = op.body {
+                    startTransfer(op, job)
+                } else if selfPickup && workers.isIdle {
+                    next = op
+                    selfPickup = false
+                } else {
+                    workers.submit(qos: op.qos, wake: !selfPickup, job: .body(op))
+                    selfPickup = false
+                }
             case .abort(let transport, let transfer): transport.cancel(transfer)
             case .kickTimer: timer.kick()
             case .release: break  // the values are freed as this work list goes
             }
         }
+        return next
     }
 
-    func start(_ op: Operation, selfPickup: Bool = false) {
-        if case .network(let job) = op.body {
-            startTransfer(op, job)
-        } else {
-            workers.submit(qos: op.qos, wake: !selfPickup, job: .body(op))
-        }
-    }
-
-    /// On a worker: runs a block or async body.
+    /// On a worker: runs a block or async body, then any operation its end
+    /// handed to this worker (see `execute`).
     func runBody(_ op: Operation) {
+        var current: Operation? = op
+        while let op = current { current = runOne(op) }
+    }
+
+    private func runOne(_ op: Operation) -> Operation? {
         switch op.body {
         case .block(let body):
             let value = body(op)
-            if op.claimFinish() { bodyEnded(op, value: value, error: op.errorMessage, onWorker: true) }
+            if op.claimFinish() { return bodyEnded(op, value: value, error: op.errorMessage, onWorker: true) }
         case .cBlock(let fn, let userdata):
             let value = JSONRef(owned: fn(op.handle, userdata))
-            if op.claimFinish() { bodyEnded(op, value: value, error: op.errorMessage, onWorker: true) }
+            if op.claimFinish() { return bodyEnded(op, value: value, error: op.errorMessage, onWorker: true) }
         case .async(let body):
             body(op)
         case .cAsync(let fn, let userdata):
@@ -356,10 +365,13 @@ public final class Engine: @unchecked Sendable {
         case .network:
             preconditionFailure("network operations run on the transport")
         }
+        return nil
     }
 
     /// A running operation's body ended (block returned, async finished).
-    func bodyEnded(_ op: Operation, value: JSONRef?, error: String?, onWorker: Bool = false) {
+    /// `onWorker`: see `finishRunning`; returns what it returns.
+    @discardableResult
+    func bodyEnded(_ op: Operation, value: JSONRef?, error: String?, onWorker: Bool = false) -> Operation? {
         let result: OperationResult
         if op.isCancelled {
             result = OperationResult(id: op.id, outcome: .cancelled, status: .cancelled,
@@ -369,17 +381,19 @@ public final class Engine: @unchecked Sendable {
         } else {
             result = OperationResult(id: op.id, outcome: .succeeded, status: .ok, message: nil, value: value)
         }
-        finishRunning(op, result, onWorker: onWorker)
+        return finishRunning(op, result, onWorker: onWorker)
     }
 
     /// Books a running operation's result and delivers it. `onWorker`: called
-    /// by a worker at the end of its job (see `execute`).
-    func finishRunning(_ op: Operation, _ result: OperationResult, onWorker: Bool = false) {
+    /// by a worker at the end of its job, which must run the operation
+    /// returned (see `execute`); nil otherwise.
+    @discardableResult
+    func finishRunning(_ op: Operation, _ result: OperationResult, onWorker: Bool = false) -> Operation? {
         lock.lock()
         let state = machine.state(of: op.id)
         guard state == .running || state == .attached else {
             lock.unlock()
-            return
+            return nil
         }
         // A cancel is applied under this lock: if one got in before the end
         // was booked, the operation ends cancelled, so that a cancel that
@@ -405,7 +419,7 @@ public final class Engine: @unchecked Sendable {
         if result.outcome == .failed {
             logger.info("operation failed", metadata: ["id": "\(op.id)", "status": "\(result.status)", "error": "\(result.message ?? "")"])
         }
-        execute(work, selfPickup: onWorker)
+        return execute(work, selfPickup: onWorker)
     }
 
     /// After a callback returned.

@@ -1,5 +1,6 @@
 import CFetchQSupport
 import Glibc
+import Synchronization
 
 /// A fixed pool of threads running jobs; higher QoS first, FIFO within a
 /// QoS. Used for block/async bodies and JSON parsing (never for network I/O).
@@ -16,7 +17,11 @@ final class WorkerPool: @unchecked Sendable {
 
     private let lock = ConditionLock()
     private var jobs = [Ring<Job>](repeating: Ring(), count: QoS.allCases.count)
-    private var pending = 0
+    private var pending = 0 {
+        didSet { pendingHint.store(pending, ordering: .relaxed) }
+    }
+    /// `pending`, readable without the lock: a hint, exact only under it.
+    private let pendingHint = Atomic<Int>(0)
     private var stopping = false
     private var threads: [pthread_t] = []
 
@@ -68,6 +73,9 @@ final class WorkerPool: @unchecked Sendable {
             }
         }
     }
+
+    /// No job is waiting (a hint: another thread may queue one right after).
+    var isIdle: Bool { pendingHint.load(ordering: .relaxed) == 0 }
 
     /// Runs what is queued, then stops and joins the threads.
     func stop() {
