@@ -8,6 +8,10 @@ import Logging
 extension Engine {
     // MARK: - Submitting
 
+    /// config.network.maxWaitMs (read per submit: copying the whole config
+    /// struct out of the engine for it cost ~170 instructions per submit).
+    var defaultMaxWaitMs: Int { config.network.maxWaitMs }
+
     /// While the engine is being freed every submit fails with
     /// FQ_ERR_SHUTDOWN, whatever else is wrong with it.
     func refuseIfShuttingDown() throws(FetchQError) {
@@ -26,7 +30,7 @@ extension Engine {
                        callback: Callback) throws(FetchQError) -> OpID {
         try refuseIfShuttingDown()
         var reader = try OptionReader(options, context: "options")
-        let common = try CommonOptions(reading: &reader, config: config)
+        let common = try CommonOptions(reading: &reader, defaultMaxWaitMs: defaultMaxWaitMs)
         try reader.finish()
         return try enqueue(body, queue: queue.id, common: common, host: nil, callback: callback)
     }
@@ -41,7 +45,7 @@ extension Engine {
                               callback: Callback) throws(FetchQError) -> OpID {
         try refuseIfShuttingDown()
         var reader = try OptionReader(options, context: "options")
-        let common = try CommonOptions(reading: &reader, config: config)
+        let common = try CommonOptions(reading: &reader, defaultMaxWaitMs: defaultMaxWaitMs)
         let job = try NetworkJob.makeRequest(request, options: &reader, config: config)
         try reader.finish()
         return try enqueueNetwork(job, queue: queue.id, common: common, callback: callback)
@@ -58,7 +62,7 @@ extension Engine {
                              callback: Callback) throws(FetchQError) -> OpID {
         try refuseIfShuttingDown()
         var reader = try OptionReader(options, context: "options")
-        let common = try CommonOptions(reading: &reader, config: config)
+        let common = try CommonOptions(reading: &reader, defaultMaxWaitMs: defaultMaxWaitMs)
         let job = try NetworkJob.makeSearch(query, options: &reader, config: config, openStore: store(path:))
         try reader.finish()
         return try enqueueNetwork(job, queue: queue.id, common: common, callback: callback)
@@ -77,7 +81,7 @@ extension Engine {
                                 callback: Callback) throws(FetchQError) -> OpID {
         try refuseIfShuttingDown()
         var reader = try OptionReader(options, context: "options")
-        let common = try CommonOptions(reading: &reader, config: config)
+        let common = try CommonOptions(reading: &reader, defaultMaxWaitMs: defaultMaxWaitMs)
         let failFast = try reader.bool("fail_fast") ?? false
         let childEvents = try reader.bool("child_events") ?? false
         let template = try SearchTemplate(reading: &reader, config: config, openStore: store(path:))
@@ -289,8 +293,8 @@ struct CommonOptions {
     /// Made once (building it per submit was an allocation per operation).
     static let qosNames = QoS.allCases.reversed().map(\.name)
 
-    init(reading r: inout OptionReader, config: EngineConfig) throws(FetchQError) {
-        maxWaitMs = config.network.maxWaitMs
+    init(reading r: inout OptionReader, defaultMaxWaitMs: Int) throws(FetchQError) {
+        maxWaitMs = defaultMaxWaitMs
         if let v = r.value("priority") {
             switch v.pointee.type {
             case JSON_INTEGER:
