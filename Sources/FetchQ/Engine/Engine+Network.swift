@@ -17,18 +17,23 @@ extension Engine {
     func startTransfer(_ op: Operation, _ job: NetworkJob) {
         var job = job
         var cacheContext: CacheContext? = nil
-        if let cache = httpCache, let key = job.cacheKey, lock.withLock({ op.attempts }) == 0 {
+        // One lock round trip for the attempt's bookkeeping (the attempt
+        // number travels with the transfer to `transferEnded`).
+        let (attempt, existingTransport): (Int, CurlTransport?) = lock.withLock {
+            if op.startedAt == 0 { op.startedAt = monotonicNanos() }
+            op.attempts += 1
+            return (op.attempts, self.transport)
+        }
+        if let cache = httpCache, let key = job.cacheKey, attempt == 1 {
             let control = job.request.headers.first { $0.name.lowercased() == "cache-control" }?.value
             var context = CacheContext(key: key, requestCacheControl: control)
             let found: HTTPCache.Lookup = job.cache == .reload ? .miss : cache.lookup(key, now: wallClockSeconds(), requestCacheControl: control)
             switch (job.cache, found) {
             case (.default, .fresh(let entry)), (.onlyIfCached, .fresh(let entry)), (.onlyIfCached, .stale(let entry)):
-                lock.withLock {
-                    op.startedAt = monotonicNanos()
-                    op.attempts = 1
-                }
                 let response = entry.response(url: job.request.url)
-                workers.submit(qos: op.qos) { [self, job] in transferEnded(op, job, .success(response), cache: nil, fromCache: true) }
+                workers.submit(qos: op.qos) { [self, job] in
+                    transferEnded(op, job, .success(response), attempts: attempt, cache: nil, fromCache: true)
+                }
                 return
             case (.onlyIfCached, .miss):
                 finishRunning(op, OperationResult(id: op.id, outcome: .failed, status: .cacheMiss,
@@ -49,21 +54,24 @@ extension Engine {
             }
             cacheContext = context
         }
-        lock.lock()
-        if op.startedAt == 0 { op.startedAt = monotonicNanos() }
-        op.attempts += 1
-        if transport == nil {
-            do {
-                transport = try CurlTransport()
-            } catch {
-                lock.unlock()
-                finishRunning(op, OperationResult(id: op.id, outcome: .failed, status: .network,
-                                                  message: "cannot start the transport: \(error.message)", value: nil))
-                return
+        let transport: CurlTransport
+        if let existingTransport {
+            transport = existingTransport
+        } else {
+            lock.lock()
+            if self.transport == nil {
+                do {
+                    self.transport = try CurlTransport()
+                } catch {
+                    lock.unlock()
+                    finishRunning(op, OperationResult(id: op.id, outcome: .failed, status: .network,
+                                                      message: "cannot start the transport: \(error.message)", value: nil))
+                    return
+                }
             }
+            transport = self.transport!
+            lock.unlock()
         }
-        let transport = transport!
-        lock.unlock()
         var progress: (@Sendable (UInt64, UInt64) -> Void)? = nil
         if job.progressIntervalMs != nil {
             progress = { [unowned self] received, expected in
@@ -79,7 +87,9 @@ extension Engine {
         }
         let transfer = transport.start(job.request, progress: progress) { [unowned self, job, cacheContext] outcome in
             // The loop thread only hands over: parsing runs on a worker.
-            workers.submit(qos: op.qos) { [self, job, cacheContext] in transferEnded(op, job, outcome, cache: cacheContext) }
+            workers.submit(qos: op.qos) { [self, job, cacheContext] in
+                transferEnded(op, job, outcome, attempts: attempt, cache: cacheContext)
+            }
         }
         // A cancel that arrived before the transfer id was known aborts it now.
         let cancelledMeanwhile = lock.withLock {
@@ -95,7 +105,7 @@ extension Engine {
 
     /// A transfer ended: retry it, or turn it into the result(s).
     func transferEnded(_ op: Operation, _ job: NetworkJob, _ outcome: Result<HTTPResponse, TransportError>,
-                               cache context: CacheContext?, fromCache: Bool = false) {
+                       attempts: Int, cache context: CacheContext?, fromCache: Bool = false) {
         var outcome = outcome
         var fromCache = fromCache
         if let context, let cache = httpCache, case .success(let response) = outcome {
@@ -115,7 +125,6 @@ extension Engine {
                             requestCacheControl: context.requestCacheControl, now: now)
             }
         }
-        let attempts = lock.withLock { op.attempts }
         if !op.isCancelled,
            let delay = job.retry.delay(after: outcome, attempt: attempts, method: job.request.method, now: wallClockSeconds()) {
             lock.lock()
