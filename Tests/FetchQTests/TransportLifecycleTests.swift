@@ -81,6 +81,32 @@ struct TransportLifecycleTests {
         #expect(stats["connections_total"] == 1)
     }
 
+    @Test("connections opened by a burst stay open while the load drops to one transfer at a time")
+    func connectionsSurviveADrain() throws {
+        let transport = try CurlTransport()
+        defer { transport.shutdown() }
+        try server.resetStats()
+        func burst() throws {
+            let box = TestCollector<TransportResult>()
+            for i in 0..<8 {
+                _ = transport.start(HTTPRequest(url: server.url("/delay?ms=100&i=\(i)")), progress: nil) { box.add($0) }
+            }
+            let results = try #require(box.wait(for: 8, timeout: 30))
+            #expect(results.allSatisfy { $0.response?.status == 200 })
+        }
+        try burst()
+        #expect(try server.stats()["connections_total"] == 8)
+        // One at a time: curl's default cache limit (4 x the transfers in the
+        // multi handle, so 4 here) would close the idle connections one by one.
+        for _ in 0..<6 {
+            #expect(try transport.perform(HTTPRequest(url: server.url("/json?size=10"))).get().status == 200)
+        }
+        try burst()
+        let stats = try server.stats()
+        #expect(stats["requests"] == 22)
+        #expect(stats["connections_total"] == 8)
+    }
+
     @Test("100 concurrent GETs all complete exactly once")
     func hundredConcurrent() throws {
         let transport = try CurlTransport()
