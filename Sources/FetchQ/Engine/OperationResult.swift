@@ -28,21 +28,14 @@ public final class OperationResult: @unchecked Sendable {
         self.message = message
         self.value = value
         messageCString = message.map { strdup($0) }
-        if let body = http?.body, !body.isEmpty {
-            let copy = UnsafeMutableBufferPointer<UInt8>.allocate(capacity: body.count)
-            _ = copy.initialize(from: body)
-            bodyBytes = UnsafeBufferPointer(copy)
-        } else {
-            bodyBytes = nil
-        }
     }
 
-    /// The response body at a stable address for the C ABI (fq_result_body).
-    public let bodyBytes: UnsafeBufferPointer<UInt8>?
+    /// The response body at a stable address for the C ABI (fq_result_body),
+    /// copied on first use (most callers never ask).
+    public var bodyBytes: UnsafeBufferPointer<UInt8>? { http?.bodyBytes }
 
     deinit {
         free(messageCString)
-        bodyBytes?.deallocate()
     }
 }
 
