@@ -107,6 +107,33 @@ struct TransportLifecycleTests {
         #expect(stats["connections_total"] == 8)
     }
 
+    @Test("a start racing the loop's way to sleep is never left waiting for the poll timeout")
+    func noLostWakeups() throws {
+        // Each start is made right after the previous completion, while the loop
+        // thread is between its last check of the inbox and curl_multi_poll. A
+        // lost wakeup would stall that request for the poll's 1 s timeout (no
+        // other socket is active to wake it).
+        let transport = try CurlTransport()
+        defer { transport.shutdown() }
+        let server = self.server
+        @Sendable func monotonicSeconds() -> Double {
+            var ts = timespec()
+            clock_gettime(CLOCK_MONOTONIC, &ts)
+            return Double(ts.tv_sec) + Double(ts.tv_nsec) / 1e9
+        }
+        runThreads(3) { index in
+            var slowest = 0.0
+            for i in 0..<150 {
+                let start = monotonicSeconds()
+                let status = try? transport.perform(HTTPRequest(url: server.url("/json?size=10&t=\(index)&i=\(i)")))
+                    .get().status
+                #expect(status == 200)
+                slowest = max(slowest, monotonicSeconds() - start)
+            }
+            #expect(slowest < 0.8, "thread \(index): slowest request took \(slowest) s")
+        }
+    }
+
     @Test("100 concurrent GETs all complete exactly once")
     func hundredConcurrent() throws {
         let transport = try CurlTransport()

@@ -118,8 +118,19 @@ struct CurlInbox {
     var starts: [CurlTransfer] = []
     var cancels: [TransferID] = []
     var closing = false
+    /// The loop found the inbox empty and is in (or about to enter)
+    /// curl_multi_poll: a hand-over must wake it. While it is awake it
+    /// drains the inbox before it sleeps again, so no wakeup is needed.
+    var sleeping = false
     /// A wakeup was sent since the loop last drained the inbox.
     var wakeupSent = false
+
+    /// Whether a hand-over made now must wake the loop (at most once per sleep).
+    mutating func needsWakeup() -> Bool {
+        guard sleeping, !wakeupSent else { return false }
+        wakeupSent = true
+        return true
+    }
 }
 
 /// The loop thread's world. The thread holds a strong reference until it exits.
@@ -175,8 +186,7 @@ final class CurlLoop: @unchecked Sendable {
         let (accepted, wake) = inbox.withLock { box -> (Bool, Bool) in
             if box.closing { return (false, false) }
             box.starts.append(transfer)
-            defer { box.wakeupSent = true }
-            return (true, !box.wakeupSent)
+            return (true, box.needsWakeup())
         }
         if !accepted {
             activeCount.wrappingSubtract(1, ordering: .relaxed)
@@ -193,16 +203,16 @@ final class CurlLoop: @unchecked Sendable {
         let wake = inbox.withLock { box -> Bool in
             if box.closing { return false }
             box.cancels.append(id)
-            defer { box.wakeupSent = true }
-            return !box.wakeupSent
+            return box.needsWakeup()
         }
         if wake { curl_multi_wakeup(multi) }
     }
 
     func close() {
         let wake = inbox.withLock { box -> Bool in
-            defer { box.closing = true }
-            return !box.closing
+            if box.closing { return false }
+            box.closing = true
+            return box.needsWakeup()
         }
         if wake { curl_multi_wakeup(multi) }
     }
@@ -212,14 +222,19 @@ final class CurlLoop: @unchecked Sendable {
     func run() {
         fqc_name_current_thread("fetchq-curl")
         var running: Int32 = 0
+        // Swapped with the inbox's arrays, so their buffers are reused instead
+        // of being allocated by callers and freed here for every batch.
+        var starts: [CurlTransfer] = []
+        var cancels: [TransferID] = []
         while true {
-            let (starts, cancels, closing) = inbox.withLock { box in
-                defer {
-                    box.starts = []
-                    box.cancels = []
-                    box.wakeupSent = false
-                }
-                return (box.starts, box.cancels, box.closing)
+            starts.removeAll(keepingCapacity: true)
+            cancels.removeAll(keepingCapacity: true)
+            let closing = inbox.withLock { box in
+                swap(&starts, &box.starts)
+                swap(&cancels, &box.cancels)
+                box.sleeping = false
+                box.wakeupSent = false
+                return box.closing
             }
             var cancelled = Set(cancels)
             for transfer in starts {
@@ -246,8 +261,15 @@ final class CurlLoop: @unchecked Sendable {
             while fqc_multi_next_done(multi, &easy, &code) != 0 {
                 if let easy, let transfer = transfer(of: easy) { finish(transfer, code) }
             }
+            // Sleep only if nothing was handed over meanwhile; from here on a
+            // hand-over wakes the poll (see CurlInbox.sleeping).
+            let idle = inbox.withLock { box -> Bool in
+                guard box.starts.isEmpty, box.cancels.isEmpty, !box.closing else { return false }
+                box.sleeping = true
+                return true
+            }
             // Sleeps until socket activity, curl's next timer, or curl_multi_wakeup.
-            if curl_multi_poll(multi, nil, 0, 1000, nil) != CURLM_OK { usleep(1000) }
+            if idle, curl_multi_poll(multi, nil, 0, 1000, nil) != CURLM_OK { usleep(1000) }
         }
         for easy in idleHandles { curl_easy_cleanup(easy) }
         idleHandles = []
