@@ -4,10 +4,10 @@ import Glibc
 
 /// One transfer: the request, the callbacks, and the response under construction.
 ///
-/// @unchecked Sendable: created on the caller's thread and handed to the loop
-/// thread through the inbox (under its lock); from then on it is touched only on
-/// the loop thread — by the loop itself and by the curl callbacks that
-/// curl_multi_perform runs there. No field is ever accessed from two threads.
+/// @unchecked Sendable: created, used and released on the loop thread only —
+/// by the loop itself and by the curl callbacks that curl_multi_perform runs
+/// there (callers hand over a `CurlStart`). No field is ever accessed from two
+/// threads.
 final class CurlTransfer: @unchecked Sendable {
     typealias Progress = @Sendable (_ received: UInt64, _ expected: UInt64) -> Void
     typealias Completion = @Sendable (Result<HTTPResponse, TransportError>) -> Void

@@ -113,9 +113,24 @@ enum CurlGlobal {
     static let initResult: CURLcode = curl_global_init(Int(CURL_GLOBAL_ALL))
 }
 
+/// A `start` on its way to the loop thread, which makes the `CurlTransfer`.
+///
+/// The transfer object (and its error buffer) is allocated by the loop thread,
+/// which also frees it: made by the caller, it was freed on the loop thread,
+/// and glibc then takes the caller's malloc arena lock for every such free,
+/// contending with the workers' JSON parsing (a top source of futex calls in
+/// fq_bench p2).
+struct CurlStart {
+    let id: TransferID
+    let request: HTTPRequest
+    let progress: CurlTransfer.Progress?
+    let completion: CurlTransfer.Completion
+    let rejection: TransportError?
+}
+
 /// What callers hand to the loop thread.
 struct CurlInbox {
-    var starts: [CurlTransfer] = []
+    var starts: [CurlStart] = []
     var cancels: [TransferID] = []
     var closing = false
     /// The loop found the inbox empty and is in (or about to enter)
@@ -180,17 +195,16 @@ final class CurlLoop: @unchecked Sendable {
         let rejection = CurlTransfer.validate(request).map {
             TransportError(kind: .invalidRequest, message: $0)
         }
-        let transfer = CurlTransfer(
+        let pending = CurlStart(
             id: id, request: request, progress: progress, completion: completion, rejection: rejection)
         activeCount.wrappingAdd(1, ordering: .relaxed)
         let (accepted, wake) = inbox.withLock { box -> (Bool, Bool) in
             if box.closing { return (false, false) }
-            box.starts.append(transfer)
+            box.starts.append(pending)
             return (true, box.needsWakeup())
         }
         if !accepted {
             activeCount.wrappingSubtract(1, ordering: .relaxed)
-            transfer.completed = true
             completion(.failure(TransportError(
                 kind: .cancelled, message: "the transport is shut down")))
         } else if wake {
@@ -224,7 +238,7 @@ final class CurlLoop: @unchecked Sendable {
         var running: Int32 = 0
         // Swapped with the inbox's arrays, so their buffers are reused instead
         // of being allocated by callers and freed here for every batch.
-        var starts: [CurlTransfer] = []
+        var starts: [CurlStart] = []
         var cancels: [TransferID] = []
         while true {
             starts.removeAll(keepingCapacity: true)
@@ -237,7 +251,10 @@ final class CurlLoop: @unchecked Sendable {
                 return box.closing
             }
             var cancelled = Set(cancels)
-            for transfer in starts {
+            for pending in starts {
+                let transfer = CurlTransfer(
+                    id: pending.id, request: pending.request, progress: pending.progress,
+                    completion: pending.completion, rejection: pending.rejection)
                 if cancelled.remove(transfer.id) != nil || closing {
                     deliver(transfer, .failure(cancellation(transfer)))
                 } else {
