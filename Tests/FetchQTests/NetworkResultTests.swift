@@ -97,3 +97,49 @@ import Testing
         #expect(result.http?.metrics?.at("/from_cache")?.boolValue == false)
     }
 }
+
+/// Submit-side keys and defaults that were rewritten for speed keep their values.
+@Suite struct NetworkJobKeyTests {
+    /// The coalescing key as it was built before (string interpolation).
+    static func referenceKey(_ job: NetworkJob) -> String {
+        let request = job.request
+        var key = "GET \(request.url)\n"
+        for (name, value) in request.headers.sorted(by: { $0.name.lowercased() < $1.name.lowercased() }) {
+            key += "\(name.lowercased()): \(value)\n"
+        }
+        key += "\(request.connectTimeoutMs) \(request.timeoutMs) \(request.followRedirects) \(request.maxRedirects) "
+        key += "\(request.maxResponseBytes) \(request.verifyTLS) \(request.caFile ?? "-") \(request.userAgent) "
+        key += "\(job.progressIntervalMs ?? -1) \(job.cache.rawValue)"
+        return key
+    }
+
+    @Test func coalesceKeyIsTheSameText() throws {
+        var job = NetworkJob(request: HTTPRequest(url: "http://example.test/a?q=é"), host: "example.test:80",
+                             maxJSONDepth: 64)
+        #expect(job.coalesceKey == Self.referenceKey(job))
+        job.request.headers = [("X-B", "2"), ("accept", "application/json"), ("x-a", "1"), ("X-A", "0"), ("Ünïcode", "v")]
+        job.request.connectTimeoutMs = 1500
+        job.request.timeoutMs = 0
+        job.request.followRedirects = false
+        job.request.maxRedirects = 0
+        job.request.maxResponseBytes = 1 << 20
+        job.request.verifyTLS = false
+        job.request.caFile = "/etc/ca.pem"
+        job.request.userAgent = "agent/1.0 (x)"
+        job.progressIntervalMs = 250
+        job.cache = .reload
+        #expect(job.coalesceKey == Self.referenceKey(job))
+        job.cache = .onlyIfCached
+        #expect(job.coalesceKey == nil)
+        job.cache = .default
+        job.coalesce = false
+        #expect(job.coalesceKey == nil)
+    }
+
+    @Test func defaultRetryStatuses() {
+        #expect(RetryPolicy().statuses == [408, 429, 500, 502, 503, 504])
+        var changed = RetryPolicy()
+        changed.statuses.insert(418)
+        #expect(RetryPolicy().statuses.count == 6)  // the shared default is not changed
+    }
+}
