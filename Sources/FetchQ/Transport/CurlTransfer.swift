@@ -272,6 +272,9 @@ final class CurlTransfer: @unchecked Sendable {
         }
         guard let colon = line.firstIndex(of: UInt8(ascii: ":")) else { return count }
         let name = String(decoding: line[..<colon], as: UTF8.self)
+        // Room for a typical response's fields at once (growing one by one
+        // reallocated the array four times per response).
+        if headers.capacity == 0 { headers.reserveCapacity(16) }
         headers.append((name: name, value: Self.trimmed(line[(colon + 1)...])))
         return count
     }
