@@ -185,14 +185,19 @@ extension NetworkJob {
         }
     }
 
+    /// Keys and values go to jansson through withCString: passing a short
+    /// Swift String where C wants a pointer built a heap copy for each.
     static func headers(_ list: [(name: String, value: String)]) -> JSONRef {
         let object = JSONRef.object()
         for (name, value) in list {
-            let key = name.lowercased()
-            if let existing = json_object_get(object.pointer, key) {
-                json_object_set_new(object.pointer, key, json_string(jsonString(existing) + ", " + value))
-            } else {
-                json_object_set_new(object.pointer, key, json_string(value))
+            name.lowercased().withCString { key in
+                if let existing = json_object_get(object.pointer, key) {
+                    (jsonString(existing) + ", " + value).withCString {
+                        _ = json_object_set_new(object.pointer, key, json_string($0))
+                    }
+                } else {
+                    value.withCString { _ = json_object_set_new(object.pointer, key, json_string($0)) }
+                }
             }
         }
         return object
@@ -207,7 +212,7 @@ extension NetworkJob {
         put("total_ms", json_real(m?.totalMs ?? 0))
         put("bytes", json_integer(json_int_t(m?.bytesReceived ?? 0)))
         put("redirects", json_integer(json_int_t(m?.redirects ?? 0)))
-        put("http_version", json_string(m?.httpVersion ?? ""))
+        put("http_version", (m?.httpVersion ?? "").withCString { json_string($0) })
         put("reused_connection", (m?.reusedConnection ?? false) ? json_true() : json_false())
         put("attempts", json_integer(json_int_t(attempts)))
         return object
