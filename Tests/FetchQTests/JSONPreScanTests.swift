@@ -80,6 +80,25 @@ import Testing
         }
     }
 
+    @Test func largeInputsAgreeWithTheSwiftLoop() {
+        func bytes(_ text: String) -> [UInt8] { Array(text.utf8) }
+        let flat = "[" + Array(repeating: "1", count: 3000).joined(separator: ",") + "]"
+        let inString = "\"" + String(repeating: "{[", count: 3000) + "\""
+        func nested(_ depth: Int) -> String {
+            String(repeating: "[ ", count: depth) + String(repeating: "] ", count: depth) + String(repeating: " ", count: 5000)
+        }
+        var withNul = bytes(flat)
+        withNul[5000] = 0
+        let cases: [([UInt8], Int)] = [
+            (bytes(flat), 1), (bytes(flat), 0), (bytes(inString), 10), (bytes(inString), 0),
+            (bytes(nested(300)), 300), (bytes(nested(301)), 300), (bytes(nested(4200)), 4200),
+            (bytes(nested(4200)), 4199), (withNul, 64), (bytes(String(repeating: " ", count: 9000)), 5),
+        ]
+        for (input, maxDepth) in cases { Self.check(input, maxDepth: maxDepth) }
+        #expect(Self.scan(bytes(nested(301)), maxDepth: 300)?.kind == .depth)
+        #expect(Self.scan(withNul, maxDepth: 64)?.position == 5001)
+    }
+
     @Test func randomInputsAgreeWithTheSwiftLoop() {
         // Deterministic: a small LCG over an alphabet heavy in the bytes that matter.
         var state: UInt64 = 0x9E37_79B9_7F4A_7C15
@@ -88,8 +107,10 @@ import Testing
             return state >> 33
         }
         let alphabet: [UInt8] = Array("[]{}\"\\ \t\n\r:,a1é".utf8) + [0, 0x80, 0xFF]
-        for _ in 0..<20_000 {
-            let length = Int(next() % 24)
+        for round in 0..<20_000 {
+            // Mostly short inputs; every tenth up to 400 bytes, so both the quick
+            // bracket count and the exact scan decide some of them.
+            let length = round % 10 == 0 ? Int(next() % 400) : Int(next() % 24)
             var bytes: [UInt8] = []
             for _ in 0..<length {
                 // NUL rarely, so most inputs get past it.
@@ -97,7 +118,7 @@ import Testing
                 if byte == 0 && next() % 8 != 0 { byte = UInt8(ascii: "x") }
                 bytes.append(byte)
             }
-            Self.check(bytes, maxDepth: Int(next() % 5) - 1)
+            Self.check(bytes, maxDepth: round % 10 == 0 ? Int(next() % 40) : Int(next() % 5) - 1)
         }
     }
 }
