@@ -10,7 +10,8 @@ each side once, in the same order, so slow phases hit all sides.
       --n 20000 --c 8 --rounds 3 \\
       --lib before=/tmp/base-lib --lib after=build/lib [--no-anchor] [--p7 TEMPLATE]
 
-`--lib LABEL=DIR` runs build/bench/fq_bench with LD_LIBRARY_PATH=DIR (the
+`--foundation PATH` (with --p7) adds the OperationQueue + URLSession anchor
+of P7 (the bench/anchors binary) as a side. `--lib LABEL=DIR` runs build/bench/fq_bench with LD_LIBRARY_PATH=DIR (the
 program's RUNPATH points at build/lib; LD_LIBRARY_PATH takes precedence),
 so DIR must hold a libfetchq.so.0. `--p7 TEMPLATE` runs `fq_bench p7`
 instead of p2 (the anchor then fetches TEMPLATE with {query} = q1 and
@@ -53,6 +54,8 @@ def main():
     ap.add_argument("--lib", action="append", default=[], help="LABEL=DIR holding libfetchq.so.0")
     ap.add_argument("--no-anchor", action="store_true")
     ap.add_argument("--p7", metavar="TEMPLATE", help="run p7 searches against this URL template")
+    ap.add_argument("--foundation", metavar="ANCHORS",
+                    help="with --p7: also run the OperationQueue+URLSession anchor (bench/anchors binary)")
     args = ap.parse_args()
 
     sides = []
@@ -63,6 +66,8 @@ def main():
         else:
             cmd = [os.path.join(BENCH, "curl_jansson_client"), args.url, str(args.n), str(args.c)]
         sides.append(("anchor", cmd, None))
+    if args.p7 and args.foundation:
+        sides.append(("foundation", [args.foundation, "p7", args.p7, str(args.n), str(args.c)], None))
     for spec in args.lib or ["fetchq=" + os.path.join(ROOT, "build", "lib")]:
         label, _, directory = spec.partition("=")
         env = dict(os.environ, LD_LIBRARY_PATH=os.path.abspath(directory))
