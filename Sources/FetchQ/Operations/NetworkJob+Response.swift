@@ -40,6 +40,13 @@ public struct HTTPInfo: Sendable {
 
 /// The response's raw parts, and the JSON objects (and C copy of the body)
 /// made from them on first use.
+///
+/// Each built part is published with a compare-and-swap on an atomic word
+/// (the address of a retained `JSONRef`, or of the body copy): the first
+/// thread to publish wins, a thread that lost the race frees its own copy and
+/// uses the winner's. Atomics rather than `Mutex`, which ThreadSanitizer
+/// cannot see into (see `Locked`), and rather than `Locked`, which would cost
+/// two more allocations per result.
 final class HTTPDetails: Sendable {
     let headerList: [(name: String, value: String)]?
     let body: [UInt8]
@@ -48,12 +55,11 @@ final class HTTPDetails: Sendable {
     let attempts: Int
     let fromCache: Bool
 
-    private struct Built {
-        var headers: JSONRef?
-        var metrics: JSONRef?
-        var body: UnsafeMutableBufferPointer<UInt8>?
-    }
-    private let built = Mutex(Built())
+    /// 0, or the bit pattern of an `Unmanaged<JSONRef>` holding one retain.
+    private let builtHeaders = Atomic<UInt>(0)
+    private let builtMetrics = Atomic<UInt>(0)
+    /// 0, or the bit pattern of a `body.count`-byte allocation.
+    private let builtBody = Atomic<UInt>(0)
 
     init(response: HTTPResponse?, queueWaitMs: Double, attempts: Int, fromCache: Bool) {
         headerList = response?.headers
@@ -65,39 +71,53 @@ final class HTTPDetails: Sendable {
     }
 
     deinit {
-        built.withLock { $0.body?.deallocate() }
+        for word in [builtHeaders.load(ordering: .acquiring), builtMetrics.load(ordering: .acquiring)] {
+            if let p = UnsafeRawPointer(bitPattern: word) { Unmanaged<JSONRef>.fromOpaque(p).release() }
+        }
+        UnsafeMutableRawPointer(bitPattern: builtBody.load(ordering: .acquiring))?.deallocate()
+    }
+
+    /// The object published in `slot`, building and publishing it first if needed.
+    private static func shared(_ slot: borrowing Atomic<UInt>, _ make: () -> JSONRef) -> JSONRef {
+        if let p = UnsafeRawPointer(bitPattern: slot.load(ordering: .acquiring)) {
+            return Unmanaged<JSONRef>.fromOpaque(p).takeUnretainedValue()
+        }
+        let made = Unmanaged.passRetained(make())
+        let (won, current) = slot.compareExchange(
+            expected: 0, desired: UInt(bitPattern: made.toOpaque()), ordering: .acquiringAndReleasing)
+        if won { return made.takeUnretainedValue() }
+        made.release()
+        return Unmanaged<JSONRef>.fromOpaque(UnsafeRawPointer(bitPattern: current)!).takeUnretainedValue()
     }
 
     var headers: JSONRef? {
         guard let headerList else { return nil }
-        return built.withLock { b in
-            if let h = b.headers { return h }
-            let h = NetworkJob.headers(headerList)
-            b.headers = h
-            return h
-        }
+        return Self.shared(builtHeaders) { NetworkJob.headers(headerList) }
     }
 
     var metrics: JSONRef? {
-        built.withLock { b in
-            if let m = b.metrics { return m }
+        Self.shared(builtMetrics) {
             let m = NetworkJob.metrics(transfer, queueWaitMs: queueWaitMs, attempts: attempts)
             // Only results with a response say where it came from.
             if headerList != nil { m.set("from_cache", JSONRef.bool(fromCache)) }
-            b.metrics = m
             return m
         }
     }
 
     var bodyBytes: UnsafeBufferPointer<UInt8>? {
         guard !body.isEmpty else { return nil }
-        return built.withLock { b in
-            if let copy = b.body { return UnsafeBufferPointer(copy) }
-            let copy = UnsafeMutableBufferPointer<UInt8>.allocate(capacity: body.count)
-            _ = copy.initialize(from: body)
-            b.body = copy
-            return UnsafeBufferPointer(copy)
+        let count = body.count
+        if let p = UnsafeMutableRawPointer(bitPattern: builtBody.load(ordering: .acquiring)) {
+            return UnsafeBufferPointer(start: p.assumingMemoryBound(to: UInt8.self), count: count)
         }
+        let copy = UnsafeMutableBufferPointer<UInt8>.allocate(capacity: count)
+        _ = copy.initialize(from: body)
+        let (won, current) = builtBody.compareExchange(
+            expected: 0, desired: UInt(bitPattern: copy.baseAddress), ordering: .acquiringAndReleasing)
+        if won { return UnsafeBufferPointer(copy) }
+        copy.deallocate()
+        let winner = UnsafeMutableRawPointer(bitPattern: current)!.assumingMemoryBound(to: UInt8.self)
+        return UnsafeBufferPointer(start: winner, count: count)
     }
 }
 
