@@ -81,6 +81,67 @@ struct TransportLifecycleTests {
         #expect(stats["connections_total"] == 1)
     }
 
+    @Test("connections opened by a burst stay open while the load drops to one transfer at a time")
+    func connectionsSurviveADrain() throws {
+        let transport = try CurlTransport()
+        defer { transport.shutdown() }
+        try server.resetStats()
+        func burst() throws {
+            let box = TestCollector<TransportResult>()
+            for i in 0..<8 {
+                _ = transport.start(HTTPRequest(url: server.url("/delay?ms=100&i=\(i)")), progress: nil) { box.add($0) }
+            }
+            let results = try #require(box.wait(for: 8, timeout: 30))
+            #expect(results.allSatisfy { $0.response?.status == 200 })
+        }
+        try burst()
+        #expect(try server.stats()["connections_total"] == 8)
+        // One at a time: curl's default cache limit (4 x the transfers in the
+        // multi handle, so 4 here) would close the idle connections one by one.
+        for _ in 0..<6 {
+            #expect(try transport.perform(HTTPRequest(url: server.url("/json?size=10"))).get().status == 200)
+        }
+        try burst()
+        let stats = try server.stats()
+        #expect(stats["requests"] == 22)
+        #expect(stats["connections_total"] == 8)
+    }
+
+    @Test("a start racing the loop's way to sleep is never left waiting for the poll timeout")
+    func noLostWakeups() throws {
+        // Each start is made right after the previous completion, while the loop
+        // thread is between its last check of the inbox and curl_multi_poll. A
+        // lost wakeup would stall that request for the poll's 1 s timeout (no
+        // other socket is active to wake it).
+        let transport = try CurlTransport()
+        defer { transport.shutdown() }
+        let server = self.server
+        @Sendable func monotonicSeconds() -> Double {
+            var ts = timespec()
+            clock_gettime(CLOCK_MONOTONIC, &ts)
+            return Double(ts.tv_sec) + Double(ts.tv_nsec) / 1e9
+        }
+        // (thread, requests answered 200, slowest request in seconds)
+        let results = TestCollector<(Int, Int, Double)>()
+        runThreads(3) { index in
+            var ok = 0
+            var slowest = 0.0
+            for i in 0..<150 {
+                let start = monotonicSeconds()
+                let status = try? transport.perform(HTTPRequest(url: server.url("/json?size=10&t=\(index)&i=\(i)")))
+                    .get().status
+                if status == 200 { ok += 1 }
+                slowest = max(slowest, monotonicSeconds() - start)
+            }
+            results.add((index, ok, slowest))
+        }
+        for (index, ok, slowest) in results.all {
+            #expect(ok == 150, "thread \(index)")
+            #expect(slowest < 0.8, "thread \(index): slowest request took \(slowest) s")
+        }
+        #expect(results.count == 3)
+    }
+
     @Test("100 concurrent GETs all complete exactly once")
     func hundredConcurrent() throws {
         let transport = try CurlTransport()

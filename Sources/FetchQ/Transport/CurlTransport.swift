@@ -113,13 +113,39 @@ enum CurlGlobal {
     static let initResult: CURLcode = curl_global_init(Int(CURL_GLOBAL_ALL))
 }
 
+/// A `start` on its way to the loop thread, which makes the `CurlTransfer`.
+///
+/// The transfer object (and its error buffer) is allocated by the loop thread,
+/// which also frees it: made by the caller, it was freed on the loop thread,
+/// and glibc then takes the caller's malloc arena lock for every such free,
+/// contending with the workers' JSON parsing (a top source of futex calls in
+/// fq_bench p2).
+struct CurlStart {
+    let id: TransferID
+    let request: HTTPRequest
+    let progress: CurlTransfer.Progress?
+    let completion: CurlTransfer.Completion
+    let rejection: TransportError?
+}
+
 /// What callers hand to the loop thread.
 struct CurlInbox {
-    var starts: [CurlTransfer] = []
+    var starts: [CurlStart] = []
     var cancels: [TransferID] = []
     var closing = false
+    /// The loop found the inbox empty and is in (or about to enter)
+    /// curl_multi_poll: a hand-over must wake it. While it is awake it
+    /// drains the inbox before it sleeps again, so no wakeup is needed.
+    var sleeping = false
     /// A wakeup was sent since the loop last drained the inbox.
     var wakeupSent = false
+
+    /// Whether a hand-over made now must wake the loop (at most once per sleep).
+    mutating func needsWakeup() -> Bool {
+        guard sleeping, !wakeupSent else { return false }
+        wakeupSent = true
+        return true
+    }
 }
 
 /// The loop thread's world. The thread holds a strong reference until it exits.
@@ -140,6 +166,8 @@ final class CurlLoop: @unchecked Sendable {
     private var active: [TransferID: CurlTransfer] = [:]
     private var idleHandles: [UnsafeMutableRawPointer] = []
     private static let maxIdleHandles = 32
+    /// The most transfers ever in curl at once; sizes the connection cache.
+    private var peakActive = 0
 
     init(maxTotalConnections: Int) throws(TransportError) {
         guard let multi = curl_multi_init() else {
@@ -167,18 +195,16 @@ final class CurlLoop: @unchecked Sendable {
         let rejection = CurlTransfer.validate(request).map {
             TransportError(kind: .invalidRequest, message: $0)
         }
-        let transfer = CurlTransfer(
+        let pending = CurlStart(
             id: id, request: request, progress: progress, completion: completion, rejection: rejection)
         activeCount.wrappingAdd(1, ordering: .relaxed)
         let (accepted, wake) = inbox.withLock { box -> (Bool, Bool) in
             if box.closing { return (false, false) }
-            box.starts.append(transfer)
-            defer { box.wakeupSent = true }
-            return (true, !box.wakeupSent)
+            box.starts.append(pending)
+            return (true, box.needsWakeup())
         }
         if !accepted {
             activeCount.wrappingSubtract(1, ordering: .relaxed)
-            transfer.completed = true
             completion(.failure(TransportError(
                 kind: .cancelled, message: "the transport is shut down")))
         } else if wake {
@@ -191,16 +217,16 @@ final class CurlLoop: @unchecked Sendable {
         let wake = inbox.withLock { box -> Bool in
             if box.closing { return false }
             box.cancels.append(id)
-            defer { box.wakeupSent = true }
-            return !box.wakeupSent
+            return box.needsWakeup()
         }
         if wake { curl_multi_wakeup(multi) }
     }
 
     func close() {
         let wake = inbox.withLock { box -> Bool in
-            defer { box.closing = true }
-            return !box.closing
+            if box.closing { return false }
+            box.closing = true
+            return box.needsWakeup()
         }
         if wake { curl_multi_wakeup(multi) }
     }
@@ -210,17 +236,25 @@ final class CurlLoop: @unchecked Sendable {
     func run() {
         fqc_name_current_thread("fetchq-curl")
         var running: Int32 = 0
+        // Swapped with the inbox's arrays, so their buffers are reused instead
+        // of being allocated by callers and freed here for every batch.
+        var starts: [CurlStart] = []
+        var cancels: [TransferID] = []
         while true {
-            let (starts, cancels, closing) = inbox.withLock { box in
-                defer {
-                    box.starts = []
-                    box.cancels = []
-                    box.wakeupSent = false
-                }
-                return (box.starts, box.cancels, box.closing)
+            starts.removeAll(keepingCapacity: true)
+            cancels.removeAll(keepingCapacity: true)
+            let closing = inbox.withLock { box in
+                swap(&starts, &box.starts)
+                swap(&cancels, &box.cancels)
+                box.sleeping = false
+                box.wakeupSent = false
+                return box.closing
             }
             var cancelled = Set(cancels)
-            for transfer in starts {
+            for pending in starts {
+                let transfer = CurlTransfer(
+                    id: pending.id, request: pending.request, progress: pending.progress,
+                    completion: pending.completion, rejection: pending.rejection)
                 if cancelled.remove(transfer.id) != nil || closing {
                     deliver(transfer, .failure(cancellation(transfer)))
                 } else {
@@ -244,8 +278,15 @@ final class CurlLoop: @unchecked Sendable {
             while fqc_multi_next_done(multi, &easy, &code) != 0 {
                 if let easy, let transfer = transfer(of: easy) { finish(transfer, code) }
             }
+            // Sleep only if nothing was handed over meanwhile; from here on a
+            // hand-over wakes the poll (see CurlInbox.sleeping).
+            let idle = inbox.withLock { box -> Bool in
+                guard box.starts.isEmpty, box.cancels.isEmpty, !box.closing else { return false }
+                box.sleeping = true
+                return true
+            }
             // Sleeps until socket activity, curl's next timer, or curl_multi_wakeup.
-            if curl_multi_poll(multi, nil, 0, 1000, nil) != CURLM_OK { usleep(1000) }
+            if idle, curl_multi_poll(multi, nil, 0, 1000, nil) != CURLM_OK { usleep(1000) }
         }
         for easy in idleHandles { curl_easy_cleanup(easy) }
         idleHandles = []
@@ -282,6 +323,16 @@ final class CurlLoop: @unchecked Sendable {
             return
         }
         active[transfer.id] = transfer
+        if active.count > peakActive {
+            peakActive = active.count
+            // curl's default cache limit is 4 x the transfers in the multi handle
+            // *right now*: when a burst drains to one or two transfers, a finishing
+            // transfer closes the oldest idle connections, and the next burst opens
+            // them again (1 connect per ~10 requests in the P2 benchmark). The same
+            // factor on the peak keeps them. Connections idle longer than curl's
+            // MAXAGE_CONN (118 s) are still closed.
+            _ = fqc_multi_setopt_long(multi, CURLMOPT_MAXCONNECTS, 4 * peakActive)
+        }
     }
 
     /// curl finished the transfer (successfully or not).

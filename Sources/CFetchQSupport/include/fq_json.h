@@ -1,0 +1,24 @@
+/* JSON helpers for the Swift engine; not part of the public ABI (the export
+ * map hides them). */
+#ifndef FQ_JSON_H
+#define FQ_JSON_H
+
+#include <stddef.h>
+
+enum {
+    FQS_SCAN_OK = 0,
+    FQS_SCAN_NUL = 1,   /* a NUL byte at *where */
+    FQS_SCAN_DEPTH = 2, /* the bracket at *where opens level max_depth + 1 */
+    FQS_SCAN_EMPTY = 3, /* no value at all; *where = len - 1 */
+};
+
+/* JSONParser's pre-scan, one pass over `len` bytes: finds the first raw NUL
+ * byte (inside or outside strings), the first `[` or `{` nested deeper than
+ * max_depth (brackets inside strings do not count; a backslash escapes the
+ * next byte), or input holding only JSON whitespace. Returns one of the
+ * FQS_SCAN_ codes; *where is the byte index of the problem (or len - 1 for
+ * FQS_SCAN_EMPTY, so -1 for empty input). Everything else (bad tokens,
+ * unbalanced or unterminated input) is left to jansson. */
+int fqs_json_prescan(const unsigned char *bytes, size_t len, long max_depth, long *where);
+
+#endif

@@ -1,0 +1,145 @@
+import CJansson
+@testable import FetchQ
+import Glibc
+import Testing
+
+/// A network result's headers, metrics and C copy of the body are built on
+/// first read: the same values as building them at once, built only once.
+@Suite struct NetworkResultTests {
+    static let headerList: [(name: String, value: String)] = [
+        ("Content-Type", "application/json"), ("Set-Cookie", "a=1"), ("X-Empty", ""),
+        ("set-cookie", "b=2"), ("Last-Modified", "Sat, 21 Nov 2026 20:53:41 GMT"),
+    ]
+
+    static func response() -> HTTPResponse {
+        var metrics = TransferMetrics()
+        metrics.connectMs = 1.5
+        metrics.firstByteMs = 2.25
+        metrics.totalMs = 3
+        metrics.bytesReceived = 42
+        metrics.redirects = 1
+        metrics.httpVersion = "1.1"
+        metrics.reusedConnection = true
+        return HTTPResponse(status: 203, headers: headerList, body: Array("{\"k\": [1, 2]}".utf8),
+                            effectiveURL: "http://example.test/x", metrics: metrics)
+    }
+
+    @Test func headersAreTheEagerObject() throws {
+        let info = HTTPInfo(Self.response(), queueWaitMs: 0.5, attempts: 2, fromCache: false)
+        let headers = try #require(info.headers)
+        #expect(headers.dumps() == NetworkJob.headers(Self.headerList).dumps())
+        #expect(headers.dumps() == #"{"content-type":"application/json","set-cookie":"a=1, b=2","x-empty":"","last-modified":"Sat, 21 Nov 2026 20:53:41 GMT"}"#)
+        // Built once: every read (and every copy of the value) shares it.
+        let copy = info
+        #expect(info.headers?.pointer == headers.pointer)
+        #expect(copy.headers?.pointer == headers.pointer)
+        #expect(info.status == 203)
+    }
+
+    @Test(arguments: [false, true])
+    func metricsAreTheEagerObject(fromCache: Bool) throws {
+        let info = HTTPInfo(Self.response(), queueWaitMs: 0.5, attempts: 2, fromCache: fromCache)
+        let metrics = try #require(info.metrics)
+        #expect(metrics.dumps() == """
+            {"queue_wait_ms":0.5,"connect_ms":1.5,"first_byte_ms":2.25,"total_ms":3.0,"bytes":42,"redirects":1,\
+            "http_version":"1.1","reused_connection":true,"attempts":2,"from_cache":\(fromCache)}
+            """)
+        #expect(info.metrics?.pointer == metrics.pointer)
+        #expect(info.fromCache == fromCache)
+    }
+
+    @Test func noResponseHasMetricsOnly() throws {
+        let info = HTTPInfo(queueWaitMs: 1.25, attempts: 3)
+        #expect(info.status == 0)
+        #expect(info.headers == nil)
+        #expect(info.body.isEmpty)
+        #expect(info.bodyBytes == nil)
+        let metrics = try #require(info.metrics)
+        #expect(metrics.dumps() == """
+            {"queue_wait_ms":1.25,"connect_ms":0.0,"first_byte_ms":0.0,"total_ms":0.0,"bytes":0,"redirects":0,\
+            "http_version":"","reused_connection":false,"attempts":3}
+            """)
+        #expect(metrics.dumps() == NetworkJob.metrics(nil, queueWaitMs: 1.25, attempts: 3).dumps())
+    }
+
+    @Test func bodyBytesAreACopyAtOneAddress() throws {
+        let info = HTTPInfo(Self.response(), queueWaitMs: 0, attempts: 1, fromCache: false)
+        let bytes = try #require(info.bodyBytes)
+        #expect(Array(bytes) == info.body)
+        #expect(info.bodyBytes?.baseAddress == bytes.baseAddress)
+        let empty = HTTPResponse(status: 204, headers: [], body: [], effectiveURL: "", metrics: TransferMetrics())
+        #expect(HTTPInfo(empty, queueWaitMs: 0, attempts: 1, fromCache: false).bodyBytes == nil)
+    }
+
+    @Test func concurrentFirstReadsGetOneObject() throws {
+        for _ in 0..<50 {
+            let info = HTTPInfo(Self.response(), queueWaitMs: 0, attempts: 1, fromCache: false)
+            let seen = TestCollector<[UInt]>()
+            runThreads(8) { _ in
+                seen.add([UInt(bitPattern: info.headers?.pointer), UInt(bitPattern: info.metrics?.pointer),
+                          UInt(bitPattern: info.bodyBytes?.baseAddress)])
+            }
+            let all = try #require(seen.wait(for: 8, timeout: 10))
+            #expect(Set(all).count == 1)
+            #expect(all[0].allSatisfy { $0 != 0 })
+        }
+    }
+
+    @Test func resultExposesTheLazyParts() throws {
+        let job = NetworkJob(request: HTTPRequest(url: "http://example.test/x"), host: "example.test:80",
+                                 maxJSONDepth: 64)
+        let result = job.result(id: 7, .success(Self.response()), queueWaitMs: 0, attempts: 1, cancelled: false)
+        #expect(result.outcome == .succeeded)
+        #expect(result.value?.dumps() == #"{"k":[1,2]}"#)
+        #expect(result.bodyBytes.map(Array.init) == Array("{\"k\": [1, 2]}".utf8))
+        #expect(result.bodyBytes?.baseAddress == result.http?.bodyBytes?.baseAddress)
+        #expect(result.http?.headers?.at("/set-cookie")?.stringValue == "a=1, b=2")
+        #expect(result.http?.metrics?.at("/from_cache")?.boolValue == false)
+    }
+}
+
+/// Submit-side keys and defaults that were rewritten for speed keep their values.
+@Suite struct NetworkJobKeyTests {
+    /// The coalescing key as it was built before (string interpolation).
+    static func referenceKey(_ job: NetworkJob) -> String {
+        let request = job.request
+        var key = "GET \(request.url)\n"
+        for (name, value) in request.headers.sorted(by: { $0.name.lowercased() < $1.name.lowercased() }) {
+            key += "\(name.lowercased()): \(value)\n"
+        }
+        key += "\(request.connectTimeoutMs) \(request.timeoutMs) \(request.followRedirects) \(request.maxRedirects) "
+        key += "\(request.maxResponseBytes) \(request.verifyTLS) \(request.caFile ?? "-") \(request.userAgent) "
+        key += "\(job.progressIntervalMs ?? -1) \(job.cache.rawValue)"
+        return key
+    }
+
+    @Test func coalesceKeyIsTheSameText() throws {
+        var job = NetworkJob(request: HTTPRequest(url: "http://example.test/a?q=é"), host: "example.test:80",
+                             maxJSONDepth: 64)
+        #expect(job.coalesceKey == Self.referenceKey(job))
+        job.request.headers = [("X-B", "2"), ("accept", "application/json"), ("x-a", "1"), ("X-A", "0"), ("Ünïcode", "v")]
+        job.request.connectTimeoutMs = 1500
+        job.request.timeoutMs = 0
+        job.request.followRedirects = false
+        job.request.maxRedirects = 0
+        job.request.maxResponseBytes = 1 << 20
+        job.request.verifyTLS = false
+        job.request.caFile = "/etc/ca.pem"
+        job.request.userAgent = "agent/1.0 (x)"
+        job.progressIntervalMs = 250
+        job.cache = .reload
+        #expect(job.coalesceKey == Self.referenceKey(job))
+        job.cache = .onlyIfCached
+        #expect(job.coalesceKey == nil)
+        job.cache = .default
+        job.coalesce = false
+        #expect(job.coalesceKey == nil)
+    }
+
+    @Test func defaultRetryStatuses() {
+        #expect(RetryPolicy().statuses == [408, 429, 500, 502, 503, 504])
+        var changed = RetryPolicy()
+        changed.statuses.insert(418)
+        #expect(RetryPolicy().statuses.count == 6)  // the shared default is not changed
+    }
+}
