@@ -49,4 +49,18 @@ import Testing
         #expect(throws: FetchQError.self) { try r.int("mode", in: 0...1) }
         try r.finish()
     }
+
+    @Test func lookupsAfterEveryKeyWasReadStillAnswerCorrectly() throws {
+        let json = try Self.object(#"{"a": 7, "b": "x"}"#)
+        var r = try OptionReader(json.pointer, context: "options")
+        #expect(r.value("a").map { json_integer_value($0) } == 7)
+        #expect(r.value("b").map { jsonString($0) } == "x")
+        // Both keys read: absent keys answer nil, read keys still answer.
+        #expect(r.value("c") == nil)
+        #expect(r.value("a").map { json_integer_value($0) } == 7)
+        #expect(r.value("b").map { jsonString($0) } == "x")
+        try r.finish()
+        // An unknown key is still found when fewer keys were read.
+        #expect(try Self.finishError(#"{"a": 1, "zz": 2}"#, read: ["a", "b", "c"]) == #"options: unknown key "zz""#)
+    }
 }

@@ -12,24 +12,33 @@ struct OptionReader {
     let context: String
     /// Keys present in the object that were read, each once.
     private var consumed: [String] = []
+    /// The object's number of keys: once that many were read, no other key
+    /// can be there, and lookups stop asking jansson (a submit asks for a
+    /// dozen keys; most options objects hold one or two).
+    private let size: Int
 
     /// `json` is borrowed; nil means "no options".
     init(_ json: UnsafePointer<json_t>?, context: String) throws(FetchQError) {
         self.context = context
         guard let json else {
             object = nil
+            size = 0
             return
         }
         guard json.pointee.type == JSON_OBJECT else {
             throw FetchQError(.invalid, "\(context): expected a JSON object, got \(jsonTypeName(json))")
         }
         object = UnsafeMutablePointer(mutating: json)
+        size = json_object_size(json)
     }
 
     /// The raw value (borrowed), marking the key as read.
     mutating func value(_ key: String) -> UnsafeMutablePointer<json_t>? {
-        guard let object, let v = key.withCString({ json_object_get(object, $0) }) else { return nil }
-        if !consumed.contains(key) { consumed.append(key) }
+        guard let object else { return nil }
+        let seen = consumed.contains(key)
+        if !seen && consumed.count == size { return nil }
+        guard let v = key.withCString({ json_object_get(object, $0) }) else { return nil }
+        if !seen { consumed.append(key) }
         return v
     }
 
