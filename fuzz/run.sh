@@ -41,15 +41,31 @@ done
 
 now() { date +%s; }
 
+# swift build with the noise filtered out; fails (exit 1) when the build fails.
+# A failed build must not fall through to binaries left from an earlier one.
+build() {
+    local log status
+    log=$(mktemp)
+    set +e
+    "$SWIFT" build "$@" >"$log" 2>&1
+    status=$?
+    set -e
+    grep -v "Cannot export local symbol" "$log" | grep -E "error|warning: |Build complete" | grep -v '^\[' || true
+    rm -f "$log"
+    if [ $status -ne 0 ]; then
+        echo "fuzz/run.sh: swift build failed (exit $status)" >&2
+        exit 1
+    fi
+}
+
 case "$mode" in
 fuzz)
     seconds=${FUZZ_SECONDS:-60}
     jobs=${FUZZ_JOBS:-1}
     t0=$(now)
     echo "building the fuzzers (release, -sanitize=fuzzer,address)..."
-    "$SWIFT" build --package-path "$FUZZ" --scratch-path "$FUZZ/.build" -c release \
-        -Xswiftc -sanitize=fuzzer,address -Xswiftc -DFUZZING 2>&1 |
-        grep -v "Cannot export local symbol" | grep -E "error|warning: |Compiling|Build complete" | grep -v '^\[' || true
+    build --package-path "$FUZZ" --scratch-path "$FUZZ/.build" -c release \
+        -Xswiftc -sanitize=fuzzer,address -Xswiftc -DFUZZING
     bin=$("$SWIFT" build --package-path "$FUZZ" --scratch-path "$FUZZ/.build" -c release --show-bin-path)
     for t in "${targets[@]}"; do
         [ -x "$bin/fuzz-$t" ] || { echo "fuzz/run.sh: $bin/fuzz-$t was not built" >&2; exit 2; }
@@ -103,8 +119,7 @@ HINT
     ;;
 replay)
     t0=$(now)
-    "$SWIFT" build --package-path "$FUZZ" --scratch-path "$FUZZ/.build-replay" --sanitize=address 2>&1 |
-        grep -v "Cannot export local symbol" | grep -E "error|warning: |Build complete" || true
+    build --package-path "$FUZZ" --scratch-path "$FUZZ/.build-replay" --sanitize=address
     bin=$("$SWIFT" build --package-path "$FUZZ" --scratch-path "$FUZZ/.build-replay" --sanitize=address --show-bin-path)
     built=$(now)
     failed=""
