@@ -3,18 +3,6 @@ import Testing
 
 /// The engine's id hash table against Swift's Dictionary as the reference.
 @Suite struct IDTableTests {
-    /// A small deterministic generator (SplitMix64), so failures reproduce.
-    struct Generator {
-        var state: UInt64
-        mutating func next() -> UInt64 {
-            state &+= 0x9E37_79B9_7F4A_7C15
-            var z = state
-            z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-            z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-            return z ^ (z >> 31)
-        }
-    }
-
     func check(_ table: IDTable<Int>, _ reference: [OpID: Int]) {
         #expect(table.count == reference.count)
         for (key, value) in reference { #expect(table[key] == value) }
@@ -25,7 +13,7 @@ import Testing
         // The engine's pattern: ids submitted in order, finished roughly in order.
         var table = IDTable<Int>()
         var reference: [OpID: Int] = [:]
-        var g = Generator(state: 1)
+        var g = SplitMix(seed: 1)
         var next: OpID = 1
         for round in 0..<20_000 {
             table[next] = round
@@ -61,7 +49,7 @@ import Testing
     @Test func randomOperationsMatchADictionary() {
         var table = IDTable<Int>()
         var reference: [OpID: Int] = [:]
-        var g = Generator(state: 42)
+        var g = SplitMix(seed: 42)
         for step in 0..<50_000 {
             let key = OpID(g.next() % 2_000) + 1
             switch g.next() % 3 {

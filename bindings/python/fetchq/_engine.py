@@ -143,7 +143,38 @@ def _release_held(obj: Any) -> None:
             pass
 
 
-class Response:
+class _HeldHTTPParts:
+    """`headers` and `metrics` of a result or response: converted from the
+    held C JSON on first read (the subclass has the slots)."""
+
+    __slots__ = ()
+    _headers: Any
+    _metrics: Any
+
+    @property
+    def headers(self) -> Dict[str, str]:
+        value = self._headers
+        if value is _PENDING:
+            value = _convert_held(self, "_headers", "_hptr", {})
+        return value  # type: ignore[no-any-return]
+
+    @headers.setter
+    def headers(self, value: Dict[str, str]) -> None:
+        _assign_held(self, "_headers", "_hptr", value)
+
+    @property
+    def metrics(self) -> Dict[str, Any]:
+        value = self._metrics
+        if value is _PENDING:
+            value = _convert_held(self, "_metrics", "_mptr", {})
+        return value  # type: ignore[no-any-return]
+
+    @metrics.setter
+    def metrics(self, value: Dict[str, Any]) -> None:
+        _assign_held(self, "_metrics", "_mptr", value)
+
+
+class Response(_HeldHTTPParts):
     """The outcome of a request.
 
     ``status`` (int), ``headers`` (dict, lower-cased names, repeated headers
@@ -214,28 +245,6 @@ class Response:
                            self.from_cache))
 
     @property
-    def headers(self) -> Dict[str, str]:
-        value = self._headers
-        if value is _PENDING:
-            value = _convert_held(self, "_headers", "_hptr", {})
-        return value  # type: ignore[no-any-return]
-
-    @headers.setter
-    def headers(self, value: Dict[str, str]) -> None:
-        _assign_held(self, "_headers", "_hptr", value)
-
-    @property
-    def metrics(self) -> Dict[str, Any]:
-        value = self._metrics
-        if value is _PENDING:
-            value = _convert_held(self, "_metrics", "_mptr", {})
-        return value  # type: ignore[no-any-return]
-
-    @metrics.setter
-    def metrics(self, value: Dict[str, Any]) -> None:
-        _assign_held(self, "_metrics", "_mptr", value)
-
-    @property
     def ok(self) -> bool:
         return 200 <= self.status < 300
 
@@ -280,7 +289,7 @@ class Response:
 _OUTCOMES = {FQ_SUCCEEDED: "succeeded", FQ_FAILED: "failed", FQ_CANCELLED: "cancelled"}
 
 
-class Result:
+class Result(_HeldHTTPParts):
     """A snapshot of an operation's result as the C API reports it: used for
     search-all children (``on_child``) and :meth:`Op.dependency`.
 
@@ -330,28 +339,6 @@ class Result:
     @value.setter
     def value(self, value: Any) -> None:
         _assign_held(self, "_value", "_vptr", value)
-
-    @property
-    def headers(self) -> Dict[str, str]:
-        value = self._headers
-        if value is _PENDING:
-            value = _convert_held(self, "_headers", "_hptr", {})
-        return value  # type: ignore[no-any-return]
-
-    @headers.setter
-    def headers(self, value: Dict[str, str]) -> None:
-        _assign_held(self, "_headers", "_hptr", value)
-
-    @property
-    def metrics(self) -> Dict[str, Any]:
-        value = self._metrics
-        if value is _PENDING:
-            value = _convert_held(self, "_metrics", "_mptr", {})
-        return value  # type: ignore[no-any-return]
-
-    @metrics.setter
-    def metrics(self, value: Dict[str, Any]) -> None:
-        _assign_held(self, "_metrics", "_mptr", value)
 
     @property
     def ok(self) -> bool:
