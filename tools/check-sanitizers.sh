@@ -104,13 +104,20 @@ report() {  # step, seconds, ok(0/1), note
 swift_test() {  # step, sanitizer, scratch
     local log=$LOGS/$1.log t0 rc
     t0=$(now)
-    {
+    rc=0
+    (
+        # A failed build fails the step: the tests must not run from an
+        # earlier build's binaries.
         "$SWIFT" build --build-tests --sanitize="$2" --scratch-path "$3" 2>&1 | grep -v "Cannot export local symbol"
+        if [ "${PIPESTATUS[0]}" -ne 0 ]; then
+            echo "== the build failed"
+            exit 3
+        fi
         echo "== built in $(( $(now) - t0 )) s"
         # SWIFT_TEST_FILTER runs a reduced set (make test's TSan step).
         "$SWIFT" test --skip-build --sanitize="$2" --scratch-path "$3" \
             ${SWIFT_TEST_FILTER:+--filter "$SWIFT_TEST_FILTER"} 2>&1
-    } >"$log"
+    ) >"$log"
     rc=$?
     grep -qE "^(WARNING: ThreadSanitizer|==[0-9]+==ERROR: (Address|Leak)Sanitizer)" "$log" && rc=1
     grep -qE "Test run with .* failed" "$log" && rc=1

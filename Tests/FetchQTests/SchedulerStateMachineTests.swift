@@ -247,6 +247,23 @@ import Testing
         #expect(m.liveCount == 0 && m.counters.queued == 0 && m.counters.running == 0)
     }
 
+    @Test func cancellingEverythingReadyDropsTheQueuedEntries() {
+        var m = Machine()
+        let q = m.addQueue(name: "q", maxConcurrent: 1)
+        let other = m.addQueue(name: "other", maxConcurrent: 1)
+        _ = m.setSuspended(q, true, now: 0)
+        _ = m.setSuspended(other, true, now: 0)
+        for i in 0..<1_000 { _ = submit(&m, q, priority: Priority.allCases[i % 5]) }
+        let kept = submit(&m, other).0
+        #expect(m.readyEntries == 1_001)
+        let (count, actions) = m.cancelQueue(q, now: 0)
+        #expect(count == 1_000 && completed(actions).count == 1_000)
+        // The other queue's ready operation keeps its entry and still starts.
+        #expect(m.readyEntries == 1)
+        #expect(started(m.setSuspended(other, false, now: 0)) == [kept])
+        #expect(m.readyEntries == 0)
+    }
+
     @Test func longFailureChainDoesNotRecurse() {
         var m = Machine(config: .init(agingNanos: 0, maxPerHost: 6, history: 0))
         let q = m.addQueue(name: "q", maxConcurrent: 1)

@@ -597,9 +597,25 @@ struct SchedulerStateMachine<Payload> {
             count += 1
             cancelOne(s, now: now, into: &actions)
         }
+        for q in queueOrder where queues[q].readyCount == 0 { dropStaleEntries(q) }
         schedule(now: now, into: &actions)
         return (count, actions)
     }
+
+    /// A queue with nothing ready holds only stale FIFO entries (cancelled
+    /// while ready): drop them now rather than when the queue next starts
+    /// something, so a cancel-all of a large backlog gives its memory back.
+    private mutating func dropStaleEntries(_ q: QueueID) {
+        for lane in queues[q].lanes where lanes[Int(lane)].mask != 0 {
+            for slot in 0..<25 where !rings[Int(lane) * 25 + slot].isEmpty {
+                rings[Int(lane) * 25 + slot] = Ring()
+            }
+            lanes[Int(lane)].mask = 0
+        }
+    }
+
+    /// Entries in the ready FIFOs, stale ones included (for tests).
+    var readyEntries: Int { rings.reduce(0) { $0 + $1.count } }
 
     private mutating func cancelOne(_ s: Int, now: UInt64, into actions: inout [Action]) {
         guard !slots[s].cancelRequested else { return }
