@@ -149,7 +149,10 @@ typedef json_t *(*fq_block_fn)(fq_op *op, void *userdata);
 /* The start function of an asynchronous operation; runs on a worker thread
  * and should return quickly. The operation stays running — it keeps its
  * slot in the queue's max_concurrent — until fq_op_finish(op, ...) is called,
- * from any thread, exactly once. `op` stays valid until then. */
+ * from any thread, exactly once. `op` stays valid until then. When the start
+ * function itself calls fq_op_finish, the operation has ended at that call:
+ * its callback may run, and fq_queue_wait()/fq_engine_wait_idle() may
+ * return, before the start function returns (fq_engine_free() waits for it). */
 typedef void (*fq_async_fn)(fq_op *op, void *userdata);
 
 /* ------------------------------------------------------------------ */

@@ -1172,6 +1172,9 @@ typedef struct {
     rec r;
     int rc_first, rc_second, rc_set_error;
     size_t second_refcount;
+    /* The op ends at the first fq_op_finish, so the waits can return while
+     * this start function still runs: the test waits for this flag too. */
+    atomic_bool start_returned;
 } twice;
 
 /* The second fq_op_finish comes from the start function itself, while the
@@ -1184,6 +1187,7 @@ static void async_finish_twice(fq_op *op, void *userdata) {
     t->rc_second = fq_op_finish(op, v, NULL);
     t->second_refcount = v->refcount;
     json_decref(v);
+    atomic_store(&t->start_returned, true);
 }
 
 typedef struct {
@@ -1220,6 +1224,7 @@ TEST(misuse_op_handles_of_the_wrong_kind) {
     REQUIRE(fq_submit_block(q, block_misuses_handle, NULL, rec_done, &w) > 0);
     REQUIRE(fq_submit_block(q, block_misuses_handle, NULL, rec_done, &w2) > 0);
     CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));
+    REQUIRE(WAIT_UNTIL(atomic_load(&t.start_returned), FQT_LONG_MS));
 
     /* fq_op_set_error on an async op; fq_op_finish twice */
     CHECK_EQ_INT(t.rc_set_error, FQ_ERR_STATE);
