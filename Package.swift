@@ -32,13 +32,7 @@ let package = Package(
         .target(
             name: "FetchQ",
             dependencies: ["CJansson", "CCurl", "CSQLite", "CFetchQSupport", .product(name: "Logging", package: "swift-log")],
-            swiftSettings: [
-                .swiftLanguageMode(.v6),
-                // Release builds skip the runtime exclusivity checks on class
-                // properties (swift_beginAccess was ~6 % of the P1 profile);
-                // debug builds, which run the test suites, keep them.
-                .unsafeFlags(["-enforce-exclusivity=unchecked"], .when(configuration: .release)),
-            ]),
+            swiftSettings: [.swiftLanguageMode(.v6)]),
         .target(
             name: "FetchQCABI",
             dependencies: ["FetchQ", "CFetchQ", "CJansson", .product(name: "Logging", package: "swift-log")],
