@@ -58,8 +58,6 @@ struct IDTable<Value> {
         }
     }
 
-    func contains(_ key: OpID) -> Bool { find(key) != nil }
-
     /// Inserts or replaces.
     mutating func insert(_ key: OpID, _ value: Value) {
         precondition(key > 0, "IDTable keys are > 0")
@@ -125,13 +123,6 @@ struct IDTable<Value> {
 
     /// Every key, in no particular order.
     var allKeys: [OpID] { keys.filter { $0 != 0 } }
-
-    /// Every value, in no particular order.
-    var allValues: [Value] { values.compactMap { $0 } }
-
-    mutating func removeAll() {
-        self = IDTable()
-    }
 }
 
 /// Counts by queue id (ids are small and dense), 0 for a queue never counted.
