@@ -12,6 +12,19 @@ extension Engine {
     /// struct out of the engine for it cost ~170 instructions per submit).
     var defaultMaxWaitMs: Int { config.network.maxWaitMs }
 
+    /// The options every submit reads: refuses while shutting down, reads the
+    /// common options, then `more` reads the submit's own keys, then checks
+    /// that no unknown key is left.
+    func readOptions<T>(_ options: UnsafePointer<json_t>?,
+                        _ more: (inout OptionReader) throws(FetchQError) -> T) throws(FetchQError) -> (CommonOptions, T) {
+        try refuseIfShuttingDown()
+        var reader = try OptionReader(options, context: "options")
+        let common = try CommonOptions(reading: &reader, defaultMaxWaitMs: defaultMaxWaitMs)
+        let extra = try more(&reader)
+        try reader.finish()
+        return (common, extra)
+    }
+
     /// While the engine is being freed every submit fails with
     /// FQ_ERR_SHUTDOWN, whatever else is wrong with it.
     func refuseIfShuttingDown() throws(FetchQError) {
@@ -28,10 +41,7 @@ extension Engine {
 
     public func submit(_ body: OperationBody, to queue: Queue, options: UnsafePointer<json_t>?,
                        callback: Callback) throws(FetchQError) -> OpID {
-        try refuseIfShuttingDown()
-        var reader = try OptionReader(options, context: "options")
-        let common = try CommonOptions(reading: &reader, defaultMaxWaitMs: defaultMaxWaitMs)
-        try reader.finish()
+        let (common, _) = try readOptions(options) { (_: inout OptionReader) throws(FetchQError) in }
         return try enqueue(body, queue: queue.id, common: common, host: nil, callback: callback)
     }
 
@@ -43,11 +53,9 @@ extension Engine {
 
     public func submitRequest(_ request: UnsafePointer<json_t>?, to queue: Queue, options: UnsafePointer<json_t>?,
                               callback: Callback) throws(FetchQError) -> OpID {
-        try refuseIfShuttingDown()
-        var reader = try OptionReader(options, context: "options")
-        let common = try CommonOptions(reading: &reader, defaultMaxWaitMs: defaultMaxWaitMs)
-        let job = try NetworkJob.makeRequest(request, options: &reader, config: config)
-        try reader.finish()
+        let (common, job) = try readOptions(options) { (r: inout OptionReader) throws(FetchQError) in
+            try NetworkJob.makeRequest(request, options: &r, config: config)
+        }
         return try enqueueNetwork(job, queue: queue.id, common: common, callback: callback)
     }
 
@@ -60,11 +68,9 @@ extension Engine {
 
     public func submitSearch(_ query: String, to queue: Queue, options: UnsafePointer<json_t>?,
                              callback: Callback) throws(FetchQError) -> OpID {
-        try refuseIfShuttingDown()
-        var reader = try OptionReader(options, context: "options")
-        let common = try CommonOptions(reading: &reader, defaultMaxWaitMs: defaultMaxWaitMs)
-        let job = try NetworkJob.makeSearch(query, options: &reader, config: config, openStore: store(path:))
-        try reader.finish()
+        let (common, job) = try readOptions(options) { (r: inout OptionReader) throws(FetchQError) in
+            try NetworkJob.makeSearch(query, options: &r, config: config, openStore: store(path:))
+        }
         return try enqueueNetwork(job, queue: queue.id, common: common, callback: callback)
     }
 
@@ -79,13 +85,11 @@ extension Engine {
 
     public func submitSearchAll(_ queries: [String], to queue: Queue, options: UnsafePointer<json_t>?,
                                 callback: Callback) throws(FetchQError) -> OpID {
-        try refuseIfShuttingDown()
-        var reader = try OptionReader(options, context: "options")
-        let common = try CommonOptions(reading: &reader, defaultMaxWaitMs: defaultMaxWaitMs)
-        let failFast = try reader.bool("fail_fast") ?? false
-        let childEvents = try reader.bool("child_events") ?? false
-        let template = try SearchTemplate(reading: &reader, config: config, openStore: store(path:))
-        try reader.finish()
+        let (common, (failFast, childEvents, template)) = try readOptions(options) {
+            (r: inout OptionReader) throws(FetchQError) in
+            (try r.bool("fail_fast") ?? false, try r.bool("child_events") ?? false,
+             try SearchTemplate(reading: &r, config: config, openStore: store(path:)))
+        }
         guard !common.barrier else { throw FetchQError(.invalid, "options.barrier: not supported for search-all") }
         var unique: [String] = []
         for q in queries where !unique.contains(q) { unique.append(q) }

@@ -351,21 +351,21 @@ public final class Engine: @unchecked Sendable {
     }
 
     private func runOne(_ op: Operation) -> Operation? {
+        let value: JSONRef?
         switch op.body {
-        case .block(let body):
-            let value = body(op)
-            if op.claimFinish() { return bodyEnded(op, value: value, error: op.errorMessage, onWorker: true) }
-        case .cBlock(let fn, let userdata):
-            let value = JSONRef(owned: fn(op.handle, userdata))
-            if op.claimFinish() { return bodyEnded(op, value: value, error: op.errorMessage, onWorker: true) }
+        case .block(let body): value = body(op)
+        case .cBlock(let fn, let userdata): value = JSONRef(owned: fn(op.handle, userdata))
         case .async(let body):
             body(op)
+            return nil
         case .cAsync(let fn, let userdata):
             fn(op.handle, userdata)
+            return nil
         case .network:
             preconditionFailure("network operations run on the transport")
         }
-        return nil
+        guard op.claimFinish() else { return nil }
+        return bodyEnded(op, value: value, error: op.errorMessage, onWorker: true)
     }
 
     /// A running operation's body ended (block returned, async finished).
