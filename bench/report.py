@@ -116,6 +116,10 @@ ROWS = [
      "req/s", "≥ 1.0×", lambda x: x >= 1.0, "ratio"),
     ("P2", "P2-c64", "{p2_n} GET + JSON parse (3 KB), 64 concurrent", "C: libcurl multi + jansson", "anchor",
      "req/s", "≥ 1.0×", lambda x: x >= 1.0, "ratio"),
+    ("P2", "P2-c8", "same, 8 concurrent, config \"delivery\": \"inline\"", "C: libcurl multi + jansson", "anchor",
+     "req/s", "≥ 1.0×", lambda x: x >= 1.0, "ratio", "fetchq-inline"),
+    ("P2", "P2-c64", "same, 64 concurrent, config \"delivery\": \"inline\"", "C: libcurl multi + jansson", "anchor",
+     "req/s", "≥ 1.0×", lambda x: x >= 1.0, "ratio", "fetchq-inline"),
     ("P3", "P3-c8", "same as P2, 8 concurrent", "wrk (no parse)", "anchor", "req/s", "≥ 0.5×",
      lambda x: x >= 0.5, "ratio"),
     ("P3", "P3-c64", "same as P2, 64 concurrent", "wrk (no parse)", "anchor", "req/s", "≥ 0.5×",
@@ -136,8 +140,10 @@ ROWS = [
      lambda x: x <= 100, "value"),
     ("P7", "P7", "{p7_n} searches, max_concurrent 8", "OperationQueue + URLSession + JSONSerialization", "anchor",
      "searches/s", "≥ 10×", lambda x: x >= 10, "ratio"),
+    ("P7", "P7", "same, config \"delivery\": \"inline\"", "OperationQueue + URLSession + JSONSerialization",
+     "anchor", "searches/s", "≥ 10×", lambda x: x >= 10, "ratio", "fetchq-inline"),
     ("P7+", "P7", "same documents, GET + parse only (no goal: the ceiling)", "C: libcurl multi + jansson", "curlj",
-     "req/s", "—", None, "ratio"),
+     "req/s", "—", None, "ratio", "fetchq-inline"),
 ]
 
 VALUE_KEY = {"P5-block": lambda r: r["bytes_per_op"], "P5-request": lambda r: r["bytes_per_op"],
@@ -154,11 +160,12 @@ def table(recs: Records, meta: Dict[str, Any]) -> Tuple[List[str], List[str]]:
     lines = ["| id | benchmark | anchor | fetchq median | anchor median | ratio | goal | status | fetchq min–max "
              "| anchor min–max |", "|---|---|---|---|---|---|---|---|---|---|"]
     problems = []
-    for pid, res_id, bench, anchor, aside, unit, goal, check, kind in ROWS:
+    for pid, res_id, bench, anchor, aside, unit, goal, check, kind, *rest in ROWS:
+        fside = rest[0] if rest else "fetchq"
         bench = bench.format(**{k: f"{v:,}".replace(",", " ") if isinstance(v, int) else v
                                 for k, v in meta.items()})
         if kind == "ratio":
-            f = values(recs, fetchq_id(res_id), "fetchq", RATE)
+            f = values(recs, fetchq_id(res_id), fside, RATE)
             a = values(recs, res_id, aside, RATE)
             fm = statistics.median(f) if f else None
             am = statistics.median(a) if a else None
@@ -166,7 +173,7 @@ def table(recs: Records, meta: Dict[str, Any]) -> Tuple[List[str], List[str]]:
             status = "—" if ratio is None or check is None else ("**met**" if check(ratio) else "not met")
             cells = [f"{fmt(fm)} {unit}" if fm else "—", f"{fmt(am)} {unit}" if am else "—",
                      f"{ratio:.2f}×" if ratio else "—", goal, status, span(f), span(a)]
-            for side, sid in (("fetchq", fetchq_id(res_id)), (aside, res_id)):
+            for side, sid in ((fside, fetchq_id(res_id)), (aside, res_id)):
                 for e in errors(recs, sid, side):
                     problems.append(f"{res_id} {side}: {e.strip().splitlines()[-1] if e.strip() else e}")
         else:
@@ -248,9 +255,13 @@ def main() -> None:
     w("## Results")
     w("")
     w(f"Each benchmark ran as {meta['pairs']} rounds of alternating runs (anchor, fetchq, anchor, fetchq, …; "
-      "P2/P3 as curl+jansson, wrk, fetchq; P4 as aiohttp, httpx, fetchq), so slow phases of this shared "
+      "P2/P3 as curl+jansson, wrk, fetchq, fetchq inline; P4 as aiohttp, httpx, fetchq; P7 as URLSession, "
+      "curl+jansson, fetchq, fetchq inline), so slow phases of this shared "
       "machine hit both sides. Medians of the rounds; the ratio is fetchq's median over the anchor's "
-      "(higher is better for fetchq); min–max over the rounds.")
+      "(higher is better for fetchq); min–max over the rounds. P2 and P7 run fetchq twice: with the "
+      "default config (callbacks on the delivery thread) and with config `\"delivery\": \"inline\"` "
+      "(callbacks still one at a time and in order, but run by the worker that ended the operation "
+      "when nothing else is being delivered: one thread hand-off less per operation; `include/fetchq.h`).")
     w("")
     md.extend(rows)
     w("")

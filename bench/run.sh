@@ -139,6 +139,11 @@ EOF
         log "  $id $side round $round: $(printf '%s' "$line" | cut -c1-160)"; fi
 }
 
+# Config "delivery": "inline" (callbacks on the worker that ended the
+# operation when nothing else is being delivered) for the second fetchq side
+# of P2 and P7.
+INLINE='{"delivery":"inline"}'
+
 run_all() {
     : >"$RESULTS"
     local r
@@ -163,6 +168,7 @@ run_all() {
             record "P2-c$c" anchor "$r" "$CURLJ" "$DOC_URL" "$P2_N" "$c"
             record "P3-c$c" anchor "$r" python3 -B "$ROOT/bench/wrk_json.py" "$DOC_URL" "$c" "$WRK_SECONDS"
             record "P2-c$c" fetchq "$r" "$FQ" p2 "$DOC_URL" "$P2_N" "$c"
+            record "P2-c$c" fetchq-inline "$r" env "FQ_BENCH_CONFIG=$INLINE" "$FQ" p2 "$DOC_URL" "$P2_N" "$c"
         done
     done
 
@@ -194,6 +200,7 @@ run_all() {
         # The ceiling: the C client GETting and parsing one search document.
         record P7 curlj "$r" "$CURLJ" "${SEARCH_TEMPLATE/\{query\}/q1}" "$P7_N" 8 results
         record P7 fetchq "$r" "$FQ" p7 "$SEARCH_TEMPLATE" "$P7_N" 8
+        record P7 fetchq-inline "$r" env "FQ_BENCH_CONFIG=$INLINE" "$FQ" p7 "$SEARCH_TEMPLATE" "$P7_N" 8
     done
 }
 

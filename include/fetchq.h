@@ -134,8 +134,9 @@ typedef enum fq_outcome {
 /* Called exactly once per successfully submitted operation (see THE
  * COMPLETION CONTRACT above). `result` is BORROWED and, with everything it
  * hands out, valid until the callback returns. Runs on the engine's delivery
- * thread (config "delivery": "thread", the default; callbacks are serialized)
- * or, in poll mode, on the thread calling fq_engine_dispatch(),
+ * thread (config "delivery": "thread", the default; callbacks are serialized),
+ * in "inline" mode on the delivery thread or a worker (still serialized and in
+ * completion order), or, in poll mode, on the thread calling fq_engine_dispatch(),
  * fq_queue_wait() or fq_engine_wait_idle(). It may call any fq_ function
  * except fq_engine_free() (which then returns FQ_ERR_STATE). */
 typedef void (*fq_completion_fn)(const fq_result *result, void *userdata);
@@ -160,7 +161,14 @@ typedef void (*fq_async_fn)(fq_op *op, void *userdata);
 /* ------------------------------------------------------------------ */
 
 /* Creates an engine. `config` is BORROWED (may be NULL for defaults):
- *   "delivery"      "thread" (default) | "poll"
+ *   "delivery"      "thread" (default) | "inline" | "poll". "inline" is
+ *                   "thread" without the hand-off when it is not needed: when
+ *                   no callback is running or waiting, the worker that ended
+ *                   an operation runs its callback itself (otherwise the
+ *                   delivery thread does). Callbacks stay one at a time and
+ *                   in completion order, but run on several threads, and a
+ *                   slow callback holds up a worker. Callbacks never run on
+ *                   the application's own threads in this mode either
  *   "workers"       worker threads for block/async bodies and JSON parsing,
  *                   1..256 (default: number of CPUs, at least 2)
  *   "aging_ms"      a ready operation waiting this long gains one priority
@@ -227,7 +235,7 @@ int fq_engine_free(fq_engine *engine);
 /* Waits until every operation submitted to the engine has finished and its
  * callback has returned. timeout_ms < 0 waits forever. Returns FQ_OK or
  * FQ_ERR_TIMEOUT; FQ_ERR_STATE when called from a callback or operation body
- * in thread delivery mode (it would wait for itself). In poll mode it runs
+ * in thread or inline delivery mode (it would wait for itself). In poll mode it runs
  * the callbacks on the calling thread while it waits (with timeout_ms 0 it
  * does not wait but still runs the callbacks already waiting); from a
  * callback it returns FQ_ERR_STATE in poll mode too. */
@@ -261,12 +269,12 @@ json_t *fq_engine_stats(fq_engine *engine);
 
 /* Poll mode: a file descriptor that is readable while completions wait to
  * be dispatched. Owned by the engine; do not read or close it. Returns -1
- * (FQ_ERR_INVALID) for thread delivery mode or a NULL engine. */
+ * (FQ_ERR_INVALID) for thread or inline delivery mode or a NULL engine. */
 int fq_engine_event_fd(fq_engine *engine);
 
 /* Poll mode: runs up to `max` waiting callbacks on the calling thread
  * (max <= 0: all that are waiting now). Returns how many ran, or a negative
- * status (FQ_ERR_STATE in thread delivery mode or when called from inside a
+ * status (FQ_ERR_STATE in thread or inline delivery mode or when called from inside a
  * callback). */
 int fq_engine_dispatch(fq_engine *engine, int max);
 
@@ -451,8 +459,9 @@ typedef enum fq_event_type {
 } fq_event_type;
 
 /* Called for events of operations that asked for them. Runs where
- * completions run (delivery thread or dispatching thread), always before the
- * operation's completion callback. `event` is BORROWED for the call. */
+ * completions run (delivery thread, a worker in inline mode, or dispatching
+ * thread), always before the operation's completion callback. `event` is
+ * BORROWED for the call. */
 typedef void (*fq_event_fn)(const fq_event *event, void *userdata);
 
 /* Sets (or with fn == NULL clears) the engine's event function. Events

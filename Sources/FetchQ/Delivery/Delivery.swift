@@ -4,14 +4,19 @@ import Glibc
 /// A completion callback: called exactly once per submitted operation.
 public typealias Completion = @Sendable (OperationResult) -> Void
 
-/// Where callbacks run: the delivery thread, or the thread that dispatches.
-public enum DeliveryMode: Sendable { case thread, poll }
+/// Where callbacks run: the delivery thread; the delivery thread or the
+/// worker that ended the operation (`inline`); or the thread that dispatches.
+public enum DeliveryMode: Sendable { case thread, inline, poll }
 
 /// Hands finished operations to their callbacks: on one delivery thread
 /// (callbacks serialized, in completion order), or in poll mode on whichever
 /// thread calls `dispatch`, with an eventfd readable while items wait.
+/// Inline mode keeps the delivery thread's order and one-at-a-time rule but
+/// lets the worker that ended an operation run the callbacks itself when
+/// nothing waits and no callback runs (`claimInline`/`runInline`), which
+/// saves the hand-off to the delivery thread and waking it.
 ///
-/// `@unchecked Sendable`: `items` and `stopping` are guarded by `lock`;
+/// `@unchecked Sendable`: `items`, `stopping` and `running` are guarded by `lock`;
 /// `thread` is written in init and read in `stop()` only.
 final class Delivery: @unchecked Sendable {
     typealias Mode = DeliveryMode
@@ -29,6 +34,10 @@ final class Delivery: @unchecked Sendable {
     private let lock = ConditionLock()
     private var items = Ring<Item>()
     private var stopping = false
+    /// Some thread is running callbacks (the delivery thread with a batch,
+    /// or an engine thread that claimed an inline batch): nobody else may
+    /// start one, so callbacks stay serialized and in order.
+    private var running = false
     private var thread: pthread_t?
     private let owner: UInt
     /// Called after a batch of callbacks has returned, with the queue of
@@ -61,7 +70,7 @@ final class Delivery: @unchecked Sendable {
         items.append(item)
         if mode == .poll && wasEmpty { signalFD() }
         lock.unlock()
-        if mode == .thread && wasEmpty { lock.signal() }
+        if mode != .poll && wasEmpty { lock.signal() }
     }
 
     /// Queues items in order with one lock round trip (and at most one wake).
@@ -72,7 +81,7 @@ final class Delivery: @unchecked Sendable {
         for item in batch { items.append(item) }
         if mode == .poll && wasEmpty { signalFD() }
         lock.unlock()
-        if mode == .thread && wasEmpty { lock.signal() }
+        if mode != .poll && wasEmpty { lock.signal() }
     }
 
     private func signalFD() {
@@ -105,12 +114,14 @@ final class Delivery: @unchecked Sendable {
         var queues: [QueueID] = []
         while true {
             lock.lock()
-            while items.isEmpty && !stopping { lock.wait(until: nil) }
+            while (items.isEmpty || running) && !stopping { lock.wait(until: nil) }
+            while running { lock.wait(until: nil) }  // stopping: let an inline batch end first
             if items.isEmpty {
                 lock.unlock()
                 return
             }
             while !items.isEmpty { batch.append(items.removeFirst()) }
+            running = true
             lock.unlock()
             for item in batch {
                 if let queue = call(item) { queues.append(queue) }
@@ -118,7 +129,36 @@ final class Delivery: @unchecked Sendable {
             batch.removeAll(keepingCapacity: true)
             if !queues.isEmpty { delivered(queues) }
             queues.removeAll(keepingCapacity: true)
+            lock.withLock { running = false }
         }
+    }
+
+    /// Inline mode: claims the right to run a batch of callbacks on the
+    /// calling thread. Succeeds only when nothing waits and no callback
+    /// runs, so running the batch now keeps completion order. The caller
+    /// must then call `runInline` (with the items it would have posted).
+    func claimInline() -> Bool {
+        guard mode == .inline else { return false }
+        lock.lock()
+        defer { lock.unlock() }
+        guard items.isEmpty, !running, !stopping else { return false }
+        running = true
+        return true
+    }
+
+    /// Runs a claimed batch on the calling thread, then lets the delivery
+    /// thread go on with what was posted meanwhile.
+    func runInline(_ batch: [Item]) {
+        var queues: [QueueID] = []
+        for item in batch {
+            if let queue = call(item) { queues.append(queue) }
+        }
+        if !queues.isEmpty { delivered(queues) }
+        let wake = lock.withLock {
+            running = false
+            return !items.isEmpty || stopping
+        }
+        if wake { lock.broadcast() }
     }
 
     /// Poll mode: runs up to `max` waiting callbacks (all if max <= 0) on the

@@ -222,7 +222,7 @@ public final class Engine: @unchecked Sendable {
         return work
     }
 
-    func resolve(_ actions: [Machine.Action], into work: inout [Work]) {
+    func resolve(_ actions: [Machine.Action], into work: inout [Work], inline: UnsafeMutablePointer<[Delivery.Item]>? = nil) {
         var actions = actions
         var next = 0
         while next < actions.count {
@@ -272,6 +272,10 @@ public final class Engine: @unchecked Sendable {
         let released = machine.takeReleased()
         if !released.isEmpty { work.append(.release(released)) }
         if !pendingPosts.isEmpty {
+            if let inline, delivery.claimInline() {
+                swap(&inline.pointee, &pendingPosts)
+                return
+            }
             delivery.post(contentsOf: pendingPosts)
             pendingPosts.removeAll(keepingCapacity: pendingPosts.count <= 1024)
         }
@@ -414,8 +418,19 @@ public final class Engine: @unchecked Sendable {
         if op.carries == nil {  // a carrier is internal: nobody waits for its callback
             pendingPosts.append(.completion(result, op.callback, op.queue))
         }
-        resolve(familyActions.isEmpty ? actions : familyActions + actions, into: &work)
+        var inlineBatch: [Delivery.Item] = []
+        if onWorker && delivery.mode == .inline {
+            resolve(familyActions.isEmpty ? actions : familyActions + actions, into: &work, inline: &inlineBatch)
+        } else {
+            resolve(familyActions.isEmpty ? actions : familyActions + actions, into: &work)
+        }
         lock.unlock()
+        if !inlineBatch.isEmpty {
+            // Start what this end unblocked before running the callbacks.
+            let next = execute(work, selfPickup: onWorker)
+            delivery.runInline(inlineBatch)
+            return next
+        }
         if result.outcome == .failed {
             logger.info("operation failed", metadata: ["id": "\(op.id)", "status": "\(result.status)", "error": "\(result.message ?? "")"])
         }

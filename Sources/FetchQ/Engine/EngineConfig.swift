@@ -26,7 +26,9 @@ public struct EngineConfig: Sendable {
 
     public init(json: UnsafePointer<json_t>?) throws(FetchQError) {
         var r = try OptionReader(json, context: "config")
-        if let d = try r.choice("delivery", ["thread", "poll"]) { delivery = d == "poll" ? .poll : .thread }
+        if let d = try r.choice("delivery", ["thread", "inline", "poll"]) {
+            delivery = d == "poll" ? .poll : d == "inline" ? .inline : .thread
+        }
         if let n = try r.int("workers", in: 1...256) { workers = n }
         if let n = try r.int("aging_ms", in: 0...86_400_000) { agingMs = n }
         if let n = try r.int("history", in: 0...1_000_000) { history = n }

@@ -1,0 +1,222 @@
+/* Config "delivery": "inline": callbacks stay serialized, in completion
+ * order and exactly once, but the worker that ended an operation runs the
+ * callback itself when nothing else is being delivered. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fqt.h"
+
+/* One block operation on an idle engine: nothing else is delivering, so the
+ * worker that ran the body runs the callback (inline), while in thread mode
+ * the delivery thread does. */
+static void one_op_callback_thread(const char *config, bool expect_same_thread) {
+    fq_engine *e = fqt_engine(config);
+    fq_queue *q = fqt_queue(e, "q", 1);
+    rec r = {0};
+    r.tag = 7;
+    REQUIRE(fqt_block(q, body_tag, NULL, rec_done, &r) > 0);
+    CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));
+    CHECK_EQ_INT(atomic_load(&r.calls), 1);
+    CHECK_EQ_INT(r.outcome, FQ_SUCCEEDED);
+    CHECK_EQ_INT(fqt_int(r.value, "tag", -1), 7);
+    CHECK(!pthread_equal(r.thread, pthread_self()));
+    CHECK_EQ_INT(pthread_equal(r.thread, r.body_thread) != 0, expect_same_thread);
+    rec_clear(&r);
+    fqt_engine_free(e);
+}
+
+TEST(inline_callback_runs_on_the_worker_that_ended_the_op) {
+    one_op_callback_thread("{\"delivery\": \"inline\"}", true);
+}
+
+TEST(thread_mode_callback_runs_on_the_delivery_thread) {
+    one_op_callback_thread("{\"delivery\": \"thread\"}", false);
+}
+
+/* Many operations, some chained, some cancelled from this thread while they
+ * run: every callback exactly once, never two at a time, a dependency's
+ * callback before its dependent's, and both the workers and the delivery
+ * thread run callbacks. */
+enum { MANY = 20000, CHAIN_EVERY = 10 };
+
+typedef struct {
+    atomic_int inside;      /* callbacks running now */
+    atomic_int overlaps;    /* a callback found another one running */
+    atomic_int calls[MANY];
+    long done_seq[MANY];
+    int outcome[MANY];
+    fq_op_id ids[MANY];
+    bool cancel_ok[MANY];   /* fq_cancel returned FQ_OK for it */
+    atomic_int on_body_thread; /* callbacks that ran on their body's worker */
+    pthread_t body_thread[MANY];
+} many_state;
+
+static many_state *many;
+
+static json_t *many_body(fq_op *op, void *userdata) {
+    (void)op;
+    long i = (long)(intptr_t)userdata;
+    many->body_thread[i] = pthread_self();
+    return NULL;
+}
+
+static void many_done(const fq_result *res, void *userdata) {
+    long i = (long)(intptr_t)userdata;
+    if (atomic_fetch_add(&many->inside, 1) != 0) atomic_fetch_add(&many->overlaps, 1);
+    atomic_fetch_add(&many->calls[i], 1);
+    many->outcome[i] = fq_result_outcome(res);
+    many->done_seq[i] = fqt_seq();
+    if (many->outcome[i] == FQ_SUCCEEDED && pthread_equal(pthread_self(), many->body_thread[i]))
+        atomic_fetch_add(&many->on_body_thread, 1);
+    atomic_fetch_sub(&many->inside, 1);
+}
+
+TEST(inline_callbacks_serialized_ordered_exactly_once) {
+    many = calloc(1, sizeof *many);
+    REQUIRE(many != NULL);
+    fq_engine *e = fqt_engine("{\"delivery\": \"inline\", \"workers\": 3}");
+    fq_queue *q1 = fqt_queue(e, "q1", 2);
+    fq_queue *q2 = fqt_queue(e, "q2", 3);
+    char opts[64];
+    unsigned seed = 12345;
+    int cancelled_calls = 0;
+    for (long i = 0; i < MANY; i++) {
+        const char *o = NULL;
+        if (i % CHAIN_EVERY == 1) {
+            snprintf(opts, sizeof opts, "{\"depends_on\": [%lld]}", (long long)many->ids[i - 1]);
+            o = opts;
+        }
+        many->ids[i] = fqt_block(i % 2 ? q1 : q2, many_body, o, many_done, (void *)(intptr_t)i);
+        REQUIRE(many->ids[i] > 0);
+        seed = seed * 1103515245u + 12345u;
+        if ((seed >> 16) % 7 == 0) {
+            long victim = (long)((seed >> 8) % (unsigned)(i + 1));
+            if (fq_cancel(e, many->ids[victim]) == FQ_OK) many->cancel_ok[victim] = true;
+        }
+    }
+    CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS * 3));
+    int succeeded = 0, cancelled = 0, failed = 0, bad_calls = 0, misordered = 0, not_cancelled = 0;
+    for (long i = 0; i < MANY; i++) {
+        if (atomic_load(&many->calls[i]) != 1) bad_calls++;
+        switch (many->outcome[i]) {
+        case FQ_SUCCEEDED: succeeded++; break;
+        case FQ_CANCELLED: cancelled++; break;
+        case FQ_FAILED: failed++; break;
+        }
+        /* a dependent that ran (it may end first when it is cancelled itself) */
+        if (i % CHAIN_EVERY == 1 && many->outcome[i] == FQ_SUCCEEDED && many->done_seq[i - 1] >= many->done_seq[i])
+            misordered++;
+        if (many->cancel_ok[i]) {
+            cancelled_calls++;
+            if (many->outcome[i] != FQ_CANCELLED) not_cancelled++;
+        }
+    }
+    CHECK_EQ_INT(bad_calls, 0);
+    CHECK_EQ_INT(atomic_load(&many->overlaps), 0);
+    CHECK_EQ_INT(misordered, 0);
+    CHECK_EQ_INT(succeeded + cancelled + failed, MANY);
+    /* a cancel that returned FQ_OK always ends the op cancelled */
+    CHECK_EQ_INT(not_cancelled, 0);
+    CHECK(cancelled_calls > 0);
+    CHECK(succeeded > MANY / 2);
+    /* most callbacks ran inline on the body's worker */
+    CHECK(atomic_load(&many->on_body_thread) > 0);
+    h_note("%d succeeded, %d cancelled (%d ops cancelled by a call), %d failed; %d callbacks on the body's worker",
+           succeeded, cancelled, cancelled_calls, failed, atomic_load(&many->on_body_thread));
+    fqt_engine_free(e);
+    free(many);
+    many = NULL;
+}
+
+/* Reentrant calls from an inline callback (it runs on a worker): the waits
+ * and fq_engine_free refuse with FQ_ERR_STATE, submitting works. */
+typedef struct {
+    rec self; /* first: body_tag and rec_done see the userdata as a rec */
+    rec follow;
+    fq_engine *e;
+    fq_queue *q;
+    atomic_llong follow_id;
+    int rc_wait_idle, rc_queue_wait, rc_free, rc_dispatch;
+} reentry;
+
+static void reentrant_done(const fq_result *res, void *userdata) {
+    reentry *x = userdata;
+    rec_done(res, &x->self);
+    atomic_store(&x->follow_id, fqt_block(x->q, body_tag, NULL, rec_done, &x->follow));
+    x->rc_wait_idle = fq_engine_wait_idle(x->e, 0);
+    x->rc_queue_wait = fq_queue_wait(x->q, 0);
+    x->rc_dispatch = fq_engine_dispatch(x->e, 0);
+    x->rc_free = fq_engine_free(x->e);
+}
+
+TEST(inline_callback_reentrant_calls) {
+    reentry x;
+    memset(&x, 0, sizeof x);
+    x.e = fqt_engine("{\"delivery\": \"inline\"}");
+    x.q = fqt_queue(x.e, "q", 1);
+    REQUIRE(fqt_block(x.q, body_tag, NULL, reentrant_done, &x) > 0);
+    CHECK_OK(fq_engine_wait_idle(x.e, FQT_LONG_MS));
+    CHECK_EQ_INT(atomic_load(&x.self.calls), 1);
+    CHECK(pthread_equal(x.self.thread, x.self.body_thread));
+    CHECK(atomic_load(&x.follow_id) > 0);
+    CHECK_EQ_INT(atomic_load(&x.follow.calls), 1);
+    CHECK_EQ_INT(x.follow.outcome, FQ_SUCCEEDED);
+    CHECK_EQ_INT(x.rc_wait_idle, FQ_ERR_STATE);
+    CHECK_EQ_INT(x.rc_queue_wait, FQ_ERR_STATE);
+    CHECK_EQ_INT(x.rc_dispatch, FQ_ERR_STATE);
+    CHECK_EQ_INT(x.rc_free, FQ_ERR_STATE);
+    CHECK_EQ_INT(fq_engine_event_fd(x.e), FQ_ERR_INVALID);
+    rec_clear(&x.self);
+    rec_clear(&x.follow);
+    fqt_engine_free(x.e);
+}
+
+/* Requests and searches in inline mode: parsed values arrive, each exactly
+ * once, and an engine freed with requests pending delivers them all. */
+TEST(inline_mode_requests_and_free_with_pending) {
+    fqt_server s;
+    fqt_server_start(&s, NULL);
+    char url[256];
+    enum { NR = 200 };
+    netrec *n = calloc(NR, sizeof *n);
+    REQUIRE(n != NULL);
+    fq_engine *e = fqt_engine("{\"delivery\": \"inline\", \"max_per_host\": 8}");
+    fq_queue *q = fqt_queue(e, "q", 8);
+    for (int i = 0; i < NR; i++) {
+        char path[64];
+        snprintf(path, sizeof path, "/echo?i=%d", i);
+        json_t *req = json_pack("{s:s}", "url", fqt_url(&s, path, url, sizeof url));
+        REQUIRE(req != NULL);
+        CHECK(fq_submit_request(q, req, NULL, net_done, &n[i]) > 0);
+        json_decref(req);
+    }
+    CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));
+    int ok = 0;
+    for (int i = 0; i < NR; i++) {
+        CHECK_EQ_INT(atomic_load(&n[i].r.calls), 1);
+        char want[32];
+        snprintf(want, sizeof want, "%d", i);
+        json_t *query = json_object_get(n[i].r.value, "query");
+        if (n[i].r.outcome == FQ_SUCCEEDED && n[i].http_status == 200 &&
+            json_is_string(json_object_get(query, "i")) &&
+            strcmp(json_string_value(json_object_get(query, "i")), want) == 0)
+            ok++;
+    }
+    CHECK_EQ_INT(ok, NR);
+    for (int i = 0; i < NR; i++) netrec_clear(&n[i]);
+    memset(n, 0, NR * sizeof *n);
+    /* freed with everything pending: every callback still runs once */
+    for (int i = 0; i < NR; i++) {
+        json_t *req = json_pack("{s:s}", "url", fqt_url(&s, "/echo", url, sizeof url));
+        CHECK(fq_submit_request(q, req, NULL, net_done, &n[i]) > 0);
+        json_decref(req);
+    }
+    fqt_engine_free(e);
+    int once = 0;
+    for (int i = 0; i < NR; i++) once += atomic_load(&n[i].r.calls) == 1;
+    CHECK_EQ_INT(once, NR);
+    for (int i = 0; i < NR; i++) netrec_clear(&n[i]);
+    free(n);
+    fqt_server_stop(&s);
+}
