@@ -13,7 +13,9 @@ each side once, in the same order, so slow phases hit all sides.
 `--foundation PATH` (with --p7) adds the OperationQueue + URLSession anchor
 of P7 (the bench/anchors binary) as a side. `--lib LABEL=DIR` runs build/bench/fq_bench with LD_LIBRARY_PATH=DIR (the
 program's RUNPATH points at build/lib; LD_LIBRARY_PATH takes precedence),
-so DIR must hold a libfetchq.so.0. `--p7 TEMPLATE` runs `fq_bench p7`
+so DIR must hold a libfetchq.so.0; `--lib LABEL=DIR,{"delivery":"inline"}` also
+merges that JSON into fq_bench's engine config (FQ_BENCH_CONFIG), so one
+build can run as several sides. `--p7 TEMPLATE` runs `fq_bench p7`
 instead of p2 (the anchor then fetches TEMPLATE with {query} = q1 and
 extracts "results", like bench/run.sh). Needs `perf` (linux-perf).
 """
@@ -51,7 +53,8 @@ def main():
     ap.add_argument("--n", type=int, default=20000)
     ap.add_argument("--c", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--lib", action="append", default=[], help="LABEL=DIR holding libfetchq.so.0")
+    ap.add_argument("--lib", action="append", default=[],
+                    help="LABEL=DIR[,CONFIG]: DIR holds libfetchq.so.0; CONFIG (JSON) becomes FQ_BENCH_CONFIG")
     ap.add_argument("--no-anchor", action="store_true")
     ap.add_argument("--p7", metavar="TEMPLATE", help="run p7 searches against this URL template")
     ap.add_argument("--foundation", metavar="ANCHORS",
@@ -70,7 +73,10 @@ def main():
         sides.append(("foundation", [args.foundation, "p7", args.p7, str(args.n), str(args.c)], None))
     for spec in args.lib or ["fetchq=" + os.path.join(ROOT, "build", "lib")]:
         label, _, directory = spec.partition("=")
+        directory, _, config = directory.partition(",")
         env = dict(os.environ, LD_LIBRARY_PATH=os.path.abspath(directory))
+        if config:
+            env["FQ_BENCH_CONFIG"] = config
         if args.p7:
             cmd = [os.path.join(BENCH, "fq_bench"), "p7", args.p7, str(args.n), str(args.c)]
         else:

@@ -63,6 +63,12 @@ void fqs_set_current_engine(const void *engine) { current_engine = engine; }
 
 const void *fqs_current_engine(void) { return current_engine; }
 
+static _Thread_local void *current_release_list;
+
+void fqs_set_current_release_list(void *list) { current_release_list = list; }
+
+void *fqs_current_release_list(void) { return current_release_list; }
+
 int fqs_eventfd(void) { return eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC); }
 
 void fqs_set_thread_name(const char *name) {

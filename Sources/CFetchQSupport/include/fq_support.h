@@ -15,6 +15,11 @@ const char *fqs_last_error(void);
 void fqs_set_current_engine(const void *engine);
 const void *fqs_current_engine(void);
 
+/* The calling worker thread's release list (see ReleaseList.swift); NULL on
+ * other threads. */
+void fqs_set_current_release_list(void *list);
+void *fqs_current_release_list(void);
+
 /* eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC); -1 with errno on failure. */
 int fqs_eventfd(void);
 

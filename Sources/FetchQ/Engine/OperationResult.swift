@@ -22,6 +22,8 @@ public final class OperationResult: @unchecked Sendable {
     public let http: HTTPInfo?
     /// The response came from the HTTP cache (fresh, or revalidated with a 304).
     public var fromCache: Bool { http?.fromCache ?? false }
+    /// The worker that made the value, which frees it (see ReleaseList).
+    private let valueOwner: ReleaseList?
 
     init(id: OpID, outcome: Outcome, status: FQStatus, message: String?, value: JSONRef?, http: HTTPInfo? = nil) {
         self.id = id
@@ -30,6 +32,7 @@ public final class OperationResult: @unchecked Sendable {
         self.status = status
         self.reason = message.map { .text($0) }
         self.value = value
+        self.valueOwner = value == nil ? nil : ReleaseList.current
     }
 
     /// An operation the scheduler ended before it started.
@@ -40,6 +43,7 @@ public final class OperationResult: @unchecked Sendable {
         self.status = status
         self.reason = reason
         self.value = nil
+        self.valueOwner = nil
     }
 
     /// `message` as a C string for the C ABI, valid as long as the result.
@@ -62,6 +66,9 @@ public final class OperationResult: @unchecked Sendable {
 
     deinit {
         free(UnsafeMutablePointer<CChar>(bitPattern: cMessage.load(ordering: .acquiring)))
+        if let valueOwner, let value, valueOwner !== ReleaseList.current {
+            _ = valueOwner.take(value)
+        }
     }
 }
 

@@ -24,14 +24,18 @@ final class WorkerPool: @unchecked Sendable {
     private let pendingHint = Atomic<Int>(0)
     private var stopping = false
     private var threads: [pthread_t] = []
+    /// Each thread's values to free (see ReleaseList); they outlive the threads.
+    private let releaseLists: [ReleaseList]
 
     /// `owner` is recorded as the threads' current engine (see fq_support.h).
     init(count: Int, owner: UnsafeRawPointer) {
         let ownerBits = UInt(bitPattern: owner)
+        releaseLists = (0..<count).map { _ in ReleaseList() }
         for index in 0..<count {
             threads.append(startThread(name: "fetchq-work-\(index)") { [self] in
                 fqs_set_current_engine(UnsafeRawPointer(bitPattern: ownerBits))
-                run()
+                releaseLists[index].makeCurrent()
+                run(releaseLists[index])
             })
         }
     }
@@ -52,12 +56,22 @@ final class WorkerPool: @unchecked Sendable {
         if signal { lock.signal() }
     }
 
-    private func run() {
+    private func run(_ releases: ReleaseList) {
+        var taking = false  // whether `releases` is open
         while true {
+            releases.drain()
             lock.lock()
+            if pending == 0 && !stopping && taking {
+                // About to sleep: free what was handed back, take no more.
+                lock.unlock()
+                releases.close()
+                taking = false
+                lock.lock()
+            }
             while pending == 0 && !stopping { lock.wait(until: nil) }
             if pending == 0 {  // stopping and drained
                 lock.unlock()
+                releases.close()
                 return
             }
             var job: Job? = nil
@@ -67,6 +81,10 @@ final class WorkerPool: @unchecked Sendable {
             }
             pending -= 1
             lock.unlock()
+            if !taking {
+                releases.open()
+                taking = true
+            }
             switch job! {
             case .body(let op): op.engine.runBody(op)
             case .closure(let body): body()

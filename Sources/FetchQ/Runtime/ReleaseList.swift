@@ -1,0 +1,78 @@
+import CFetchQSupport
+import Synchronization
+
+/// Values handed back to the worker thread that made them, to be freed there.
+///
+/// glibc gives each thread its own malloc arena. A block freed on another
+/// thread goes back to its owner's arena under that arena's lock, and a
+/// parsed JSON document is hundreds of small blocks: when results were freed
+/// wherever their last reference went (the delivery thread, or whichever
+/// worker evicted them from history), the workers' parsing contended for
+/// their own arenas and slept on those locks (bench/findings.md, R3).
+///
+/// A result whose value was made on a worker remembers that worker's list;
+/// when the result goes away on any other thread, its value is handed back
+/// and the owner frees it after its current job. An owner that is asleep or
+/// gone takes nothing (`take` returns false and the caller frees the value
+/// itself), so nothing waits on a thread that may never run again.
+///
+/// `@unchecked Sendable`: `items` and `accepting` are guarded by `lock`.
+final class ReleaseList: @unchecked Sendable {
+    private let lock = ConditionLock()
+    private var items: [JSONRef] = []
+    /// The owner is awake and will drain before it sleeps or exits.
+    private var accepting = false
+    /// `items.count`, readable without the lock (a hint for `drain`).
+    private let waiting = Atomic<Int>(0)
+
+    /// The list of the worker running on this thread; nil on other threads.
+    static var current: ReleaseList? {
+        guard let pointer = fqs_current_release_list() else { return nil }
+        return Unmanaged<ReleaseList>.fromOpaque(pointer).takeUnretainedValue()
+    }
+
+    /// On the owner thread, once: `current` answers this list from now on
+    /// (the pool keeps the list alive longer than the thread).
+    func makeCurrent() {
+        fqs_set_current_release_list(Unmanaged.passUnretained(self).toOpaque())
+    }
+
+    /// Any thread: keeps `value` for the owner to free. False when the owner
+    /// is not taking values now; the caller then lets it go itself.
+    func take(_ value: JSONRef) -> Bool {
+        lock.lock()
+        defer { lock.unlock() }
+        guard accepting else { return false }
+        items.append(value)
+        waiting.store(items.count, ordering: .relaxed)
+        return true
+    }
+
+    /// On the owner: frees what was handed back since the last drain.
+    func drain() {
+        guard waiting.load(ordering: .relaxed) > 0 else { return }
+        var batch: [JSONRef] = []
+        lock.withLock {
+            swap(&batch, &items)
+            waiting.store(0, ordering: .relaxed)
+        }
+        _ = consume batch  // the values are released here, on this thread
+    }
+
+    /// On the owner, when it starts taking jobs again.
+    func open() {
+        lock.withLock { accepting = true }
+    }
+
+    /// On the owner, before it sleeps or exits: takes nothing more and frees
+    /// what it holds.
+    func close() {
+        var batch: [JSONRef] = []
+        lock.withLock {
+            accepting = false
+            swap(&batch, &items)
+            waiting.store(0, ordering: .relaxed)
+        }
+        _ = consume batch
+    }
+}

@@ -1,0 +1,117 @@
+import CJansson
+import Glibc
+import Testing
+
+@testable import FetchQ
+
+/// Values made on a worker go back to that worker to be freed (ReleaseList).
+@Suite struct ReleaseListTests {
+    func refcount(_ value: UnsafeMutablePointer<json_t>) -> Int {
+        Int(value.pointee.refcount)
+    }
+
+    /// A json_t passed into a @Sendable closure as its address.
+    func pointer(_ bits: UInt) -> UnsafeMutablePointer<json_t> {
+        UnsafeMutablePointer<json_t>(bitPattern: bits)!
+    }
+
+    /// A value with one extra reference of ours, so its count can be watched.
+    func watched() -> (UnsafeMutablePointer<json_t>, JSONRef) {
+        let raw = json_object()!
+        json_incref(raw)
+        return (raw, JSONRef(owned: raw)!)
+    }
+
+    @Test func takesOnlyWhileOpenAndDrainReleases() {
+        let list = ReleaseList()
+        let (raw, value) = watched()
+        #expect(!list.take(value))  // a new list is closed: its owner is not running
+        list.open()
+        #expect(list.take(value))
+        _ = consume value
+        #expect(refcount(raw) == 2)  // held by the list
+        list.drain()
+        #expect(refcount(raw) == 1)
+        let (raw2, value2) = watched()
+        #expect(list.take(value2))
+        _ = consume value2
+        list.close()  // frees what it holds, takes nothing more
+        #expect(refcount(raw2) == 1)
+        let (raw3, value3) = watched()
+        #expect(!list.take(value3))
+        json_decref(raw)
+        json_decref(raw2)
+        json_decref(raw3)
+    }
+
+    /// Runs `body` on a new thread whose release list is `list` (as a worker's).
+    func onOwner(_ list: ReleaseList, _ body: @escaping @Sendable () -> Void) {
+        joinThread(startThread(name: "release-test") {
+            list.makeCurrent()
+            body()
+        })
+    }
+
+    final class Box: @unchecked Sendable { var result: OperationResult? }
+
+    @Test func resultFreedElsewhereHandsItsValueBack() {
+        let list = ReleaseList()
+        list.open()
+        let raw = json_object()!
+        json_incref(raw)
+        let bits = UInt(bitPattern: raw)
+        let box = Box()
+        onOwner(list) {
+            box.result = OperationResult(id: 1, outcome: .succeeded, status: .ok, message: nil,
+                                         value: JSONRef(owned: pointer(bits)))
+        }
+        #expect(refcount(raw) == 2)
+        box.result = nil  // the last reference goes on this thread, not the owner's
+        #expect(refcount(raw) == 2)  // the value waits for its owner
+        list.drain()
+        #expect(refcount(raw) == 1)
+        json_decref(raw)
+    }
+
+    @Test func resultFreedOnItsOwnerOrWithNoOwnerFreesAtOnce() {
+        let list = ReleaseList()
+        list.open()
+        let raw = json_object()!
+        json_incref(raw)
+        let bits = UInt(bitPattern: raw)
+        onOwner(list) {
+            var result: OperationResult? = OperationResult(id: 1, outcome: .succeeded, status: .ok, message: nil,
+                                                           value: JSONRef(owned: pointer(bits)))
+            _ = result?.id
+            result = nil
+        }
+        #expect(refcount(raw) == 1)
+        // Made on a thread that is not a worker: no owner, freed where it goes.
+        json_incref(raw)
+        var plain: OperationResult? = OperationResult(id: 2, outcome: .succeeded, status: .ok, message: nil,
+                                                      value: JSONRef(owned: raw))
+        _ = plain?.id
+        plain = nil
+        #expect(refcount(raw) == 1)
+        json_decref(raw)
+    }
+
+    /// An owner that closed (asleep or gone) takes nothing: the value is freed
+    /// by whoever lets the result go.
+    @Test func closedOwnerTakesNothing() {
+        let list = ReleaseList()
+        list.open()
+        let raw = json_object()!
+        json_incref(raw)
+        let bits = UInt(bitPattern: raw)
+        let box = Box()
+        onOwner(list) {
+            box.result = OperationResult(id: 1, outcome: .succeeded, status: .ok, message: nil,
+                                         value: JSONRef(owned: pointer(bits)))
+        }
+        list.close()
+        box.result = nil
+        #expect(refcount(raw) == 1)
+        json_decref(raw)
+    }
+}
