@@ -54,17 +54,23 @@ import Testing
 
     final class Box: @unchecked Sendable { var result: OperationResult? }
 
+    /// A result holding `raw` (one reference stolen), made on `list`'s owner thread.
+    func resultMadeByOwner(_ list: ReleaseList, _ raw: UnsafeMutablePointer<json_t>) -> Box {
+        let bits = UInt(bitPattern: raw)
+        let box = Box()
+        onOwner(list) {
+            box.result = OperationResult(id: 1, outcome: .succeeded, status: .ok, message: nil,
+                                         value: JSONRef(owned: self.pointer(bits)))
+        }
+        return box
+    }
+
     @Test func resultFreedElsewhereHandsItsValueBack() {
         let list = ReleaseList()
         list.open()
         let raw = json_object()!
         json_incref(raw)
-        let bits = UInt(bitPattern: raw)
-        let box = Box()
-        onOwner(list) {
-            box.result = OperationResult(id: 1, outcome: .succeeded, status: .ok, message: nil,
-                                         value: JSONRef(owned: pointer(bits)))
-        }
+        let box = resultMadeByOwner(list, raw)
         #expect(refcount(raw) == 2)
         box.result = nil  // the last reference goes on this thread, not the owner's
         #expect(refcount(raw) == 2)  // the value waits for its owner
@@ -103,12 +109,7 @@ import Testing
         list.open()
         let raw = json_object()!
         json_incref(raw)
-        let bits = UInt(bitPattern: raw)
-        let box = Box()
-        onOwner(list) {
-            box.result = OperationResult(id: 1, outcome: .succeeded, status: .ok, message: nil,
-                                         value: JSONRef(owned: pointer(bits)))
-        }
+        let box = resultMadeByOwner(list, raw)
         list.close()
         box.result = nil
         #expect(refcount(raw) == 1)
