@@ -114,8 +114,8 @@ final class Delivery: @unchecked Sendable {
         var queues: [QueueID] = []
         while true {
             lock.lock()
-            while (items.isEmpty || running) && !stopping { lock.wait(until: nil) }
-            while running { lock.wait(until: nil) }  // stopping: let an inline batch end first
+            // An inline batch always ends first, stopping or not.
+            while running || (items.isEmpty && !stopping) { lock.wait(until: nil) }
             if items.isEmpty {
                 lock.unlock()
                 return

@@ -51,12 +51,19 @@ final class ReleaseList: @unchecked Sendable {
     /// On the owner: frees what was handed back since the last drain.
     func drain() {
         guard waiting.load(ordering: .relaxed) > 0 else { return }
+        freeAll(closing: false)
+    }
+
+    /// Takes everything held (and, closing, stops taking more) under one
+    /// lock, then releases it on this thread.
+    private func freeAll(closing: Bool) {
         var batch: [JSONRef] = []
         lock.withLock {
+            if closing { accepting = false }
             swap(&batch, &items)
             waiting.store(0, ordering: .relaxed)
         }
-        _ = consume batch  // the values are released here, on this thread
+        _ = consume batch
     }
 
     /// On the owner, when it starts taking jobs again.
@@ -67,12 +74,6 @@ final class ReleaseList: @unchecked Sendable {
     /// On the owner, before it sleeps or exits: takes nothing more and frees
     /// what it holds.
     func close() {
-        var batch: [JSONRef] = []
-        lock.withLock {
-            accepting = false
-            swap(&batch, &items)
-            waiting.store(0, ordering: .relaxed)
-        }
-        _ = consume batch
+        freeAll(closing: true)
     }
 }
