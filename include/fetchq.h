@@ -177,11 +177,17 @@ typedef void (*fq_async_fn)(fq_op *op, void *userdata);
  *   "history"       how many finished operations stay known for depends_on
  *                   (default 4096, 0..1000000)
  *   "history_values" how many of the newest finished network operations
- *                   (requests, searches) keep their value — a parsed response
- *                   — for an operation that depends on one after it finished
- *                   (default 256); block and async operations keep theirs for
- *                   all of "history". Dependencies that finish after the
- *                   dependent was submitted always pass their value
+ *                   (requests, searches) keep their whole result — value,
+ *                   headers, body — for an operation that depends on one
+ *                   after it finished (default 32, 0..1000000); block and
+ *                   async operations keep theirs for all of "history".
+ *                   Dependencies that finish after the dependent was
+ *                   submitted always pass their result. An older one still
+ *                   counts as succeeded, but fq_op_dependency() gives a
+ *                   result with no value, headers or body whose
+ *                   fq_result_error() says it is no longer kept. Each kept
+ *                   parsed document costs memory, and freeing it long after
+ *                   it was made costs time (BENCHMARKS.md, P2)
  *   "max_per_host"  network operations running at once per host:port across
  *                   all queues (default 6, 1..1024)
  *   "connect_timeout_ms" (default 10000), "timeout_ms" total per request
@@ -516,7 +522,9 @@ int fq_op_finish(fq_op *op, json_t *value, const char *error);
 
 /* The value of a dependency named in "depends_on" (data passing down a
  * chain). BORROWED: valid until this operation finishes. NULL if `dep` is not
- * one of its dependencies or produced no value. */
+ * one of its dependencies, produced no value, or is a network operation whose
+ * result was no longer kept when this one was submitted (config
+ * "history_values"; fq_op_dependency() tells these apart). */
 json_t *fq_op_dependency_result(const fq_op *op, fq_op_id dep);
 
 /* The whole result of a dependency named in "depends_on" — status, error,

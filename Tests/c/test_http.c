@@ -1079,3 +1079,102 @@ TEST_T(http_jsontestsuite_files, 180) {
     fqt_engine_free(e);
     fqt_server_stop(&s);
 }
+
+/* What a block saw of one dependency through fq_op_dependency(). */
+typedef struct depview {
+    rec r;               /* first: rec_done sees the userdata as a rec */
+    fq_op_id dep;
+    bool found;          /* fq_op_dependency() returned a result */
+    int outcome, status;
+    long http_status;
+    bool has_body;
+    json_t *value;       /* fq_op_dependency_result(), kept (incref) */
+    bool same_value;     /* fq_result_value() of the result is that value */
+    char error[256];     /* fq_result_error(), "" if NULL */
+} depview;
+
+static json_t *body_view_dependency(fq_op *op, void *userdata) {
+    depview *v = userdata;
+    const fq_result *r = fq_op_dependency(op, v->dep);
+    v->found = r != NULL;
+    if (r) {
+        v->outcome = fq_result_outcome(r);
+        v->status = fq_result_status(r);
+        v->http_status = fq_result_http_status(r);
+        size_t len = 0;
+        v->has_body = fq_result_body(r, &len) != NULL;
+        const char *err = fq_result_error(r);
+        snprintf(v->error, sizeof v->error, "%s", err ? err : "");
+        v->same_value = fq_result_value(r) == fq_op_dependency_result(op, v->dep);
+    }
+    v->value = json_incref(fq_op_dependency_result(op, v->dep));
+    return NULL;
+}
+
+/* "history_values": only the newest N finished network operations keep their
+ * result for a dependent submitted later; an older one still counts as
+ * succeeded, and its dependent is told (not handed NULL silently). */
+static void check_history_values(const fqt_server *sp, const char *request_options) {
+    const fqt_server *s_ = sp;
+    fq_engine *e = fqt_engine("{\"history_values\": 2}");
+    fq_queue *q = fqt_queue(e, "q", 1);
+    char url_buf_[256];
+    enum { N = 4 };
+    netrec n[N];
+    fq_op_id ids[N];
+    memset(n, 0, sizeof n);
+    for (int i = 0; i < N; i++) {
+        char path[32];
+        snprintf(path, sizeof path, "/echo?i=%d", i);
+        ids[i] = submit_url(q, NULL, URL(s_, path), request_options, &n[i]);
+        REQUIRE(ids[i] > 0);
+    }
+    CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));
+    for (int i = 0; i < N; i++) {
+        REQUIRE(atomic_load(&n[i].r.calls) == 1);
+        expect(&n[i], FQ_SUCCEEDED, FQ_OK, "/echo");
+        REQUIRE(json_is_object(n[i].r.value));
+    }
+
+    /* All four finished; the queue ran them in order, so 2 and 3 are kept. */
+    depview v[N];
+    memset(v, 0, sizeof v);
+    for (int i = 0; i < N; i++) {
+        char opts[64];
+        snprintf(opts, sizeof opts, "{\"depends_on\": [%lld]}", (long long)ids[i]);
+        v[i].dep = ids[i];
+        REQUIRE(fqt_block(q, body_view_dependency, opts, rec_done, &v[i]) > 0);
+        CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));
+        CHECK_EQ_INT(v[i].r.outcome, FQ_SUCCEEDED);
+    }
+    for (int i = 0; i < N; i++) {
+        CHECK(v[i].found);
+        CHECK_EQ_INT(v[i].outcome, FQ_SUCCEEDED);
+        CHECK_EQ_INT(v[i].status, FQ_OK);
+        CHECK(v[i].same_value);
+        if (i >= N - 2) { /* kept: the value, status and body the callback saw */
+            CHECK(json_equal(v[i].value, n[i].r.value));
+            CHECK_EQ_INT(v[i].http_status, 200);
+            CHECK(v[i].has_body);
+            CHECK_STR(v[i].error, "");
+        } else { /* dropped: said so, with the id and the setting */
+            CHECK(v[i].value == NULL);
+            CHECK(!v[i].has_body);
+            CHECK(strstr(v[i].error, "no longer kept") != NULL);
+            CHECK(strstr(v[i].error, "history_values (2)") != NULL);
+            CHECK(fqt_names_id(v[i].error, ids[i]));
+        }
+        json_decref(v[i].value);
+        rec_clear(&v[i].r);
+        netrec_clear(&n[i]);
+    }
+    fqt_engine_free(e);
+}
+
+TEST(http_history_values_keeps_the_newest_results) {
+    fqt_server s;
+    fqt_server_start(&s, NULL);
+    check_history_values(&s, NULL);                     /* a GET shares transfers (coalesce) */
+    check_history_values(&s, "{\"coalesce\": false}"); /* its own transfer */
+    fqt_server_stop(&s);
+}

@@ -232,6 +232,15 @@ public final class Engine: @unchecked Sendable {
             case .start(let id, let dependencies):
                 guard let op = live[id] else { continue }
                 op.dependencies = dependencies
+                for (i, dep) in dependencies.enumerated() where dep.payload == nil && dep.outcome == .succeeded {
+                    // A network dependency whose result left history
+                    // ("history_values") before this operation was submitted.
+                    op.dependencies[i].payload = OperationResult(
+                        id: dep.id, outcome: .succeeded, status: .ok,
+                        message: "the result of operation \(dep.id) is no longer kept: more than history_values "
+                            + "(\(config.historyValues)) network operations finished after it",
+                        value: nil)
+                }
                 work.append(.start(op))
             case .complete(let id, let outcome, let status, let reason):
                 guard let op = live.removeValue(forKey: id) else { continue }

@@ -8,8 +8,11 @@ public struct EngineConfig: Sendable {
     public var workers: Int = max(2, Int(sysconf(Int32(_SC_NPROCESSORS_ONLN))))
     public var agingMs: Int = 1000
     public var history: Int = 4096
-    /// Of those, how many keep their value (the newest).
-    public var historyValues: Int = 256
+    /// Of those, how many network operations keep their result (the newest).
+    /// Kept small: freeing a parsed document long after it was made costs
+    /// cache misses (P2 in bench/findings.md, fourth round: 256 cost about
+    /// 30 % of throughput against 16-64).
+    public var historyValues: Int = 32
     public var maxPerHost: Int = 6
     /// "off", "critical", "error", "warning", "notice", "info", "debug",
     /// "trace"; default from FETCHQ_LOG, else "warning".

@@ -21,7 +21,7 @@ struct SchedulerStateMachine<Payload> {
         /// Of those, how many network operations (the newest) keep their
         /// value — a parsed response can be large. Other operations' values
         /// are kept for all of `history`.
-        var historyValues: Int = 256
+        var historyValues: Int = 32
         /// Token buckets per host key ("host:port", "host", or "*" for any).
         var rateLimits: [String: RateLimit] = [:]
     }
@@ -704,13 +704,17 @@ struct SchedulerStateMachine<Payload> {
             }
             var dependents: [Dependent] = []
             swap(&dependents, &slots[s].dependents)
+            // A network operation's value: its own transfer (it has a host)
+            // or a shared one (it was attached to a carrier).
+            let networkValue = slots[s].host != 0 || slots[s].state == .attached
             slots[s].state = .finished
             slots[s].outcome = outcome
             slots[s].cancelledByOwn = byCancel
             slots[s].group = nil
             if !slots[s].dependencies.isEmpty { slots[s].dependencies = [] }
             if !slots[s].dependencyPayloads.isEmpty { slots[s].dependencyPayloads = [] }
-            remember(s, outcome == .succeeded ? payload : nil, large: slots[s].host != 0)
+            // Internal operations (carriers) cannot be named in depends_on.
+            remember(s, outcome == .succeeded && !slots[s].isInternal ? payload : nil, large: networkValue)
             for dependent in dependents {
                 guard let d = liveSlot(dependent.id) else { continue }
                 if dependent.edge == .strict && outcome != .succeeded {
