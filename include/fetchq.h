@@ -135,8 +135,8 @@ typedef enum fq_outcome {
  * COMPLETION CONTRACT above). `result` is BORROWED and, with everything it
  * hands out, valid until the callback returns. Runs on the engine's delivery
  * thread (config "delivery": "thread", the default; callbacks are serialized),
- * in "inline" mode on the delivery thread or a worker (still serialized and in
- * completion order), or, in poll mode, on the thread calling fq_engine_dispatch(),
+ * in "inline" mode on the delivery thread, a worker or a transfer thread
+ * (still serialized and in completion order), or, in poll mode, on the thread calling fq_engine_dispatch(),
  * fq_queue_wait() or fq_engine_wait_idle(). It may call any fq_ function
  * except fq_engine_free() (which then returns FQ_ERR_STATE). */
 typedef void (*fq_completion_fn)(const fq_result *result, void *userdata);
@@ -163,14 +163,24 @@ typedef void (*fq_async_fn)(fq_op *op, void *userdata);
 /* Creates an engine. `config` is BORROWED (may be NULL for defaults):
  *   "delivery"      "thread" (default) | "inline" | "poll". "inline" is
  *                   "thread" without the hand-off when it is not needed: when
- *                   no callback is running or waiting, the worker that ended
- *                   an operation runs its callback itself (otherwise the
- *                   delivery thread does). Callbacks stay one at a time and
- *                   in completion order, but run on several threads, and a
- *                   slow callback holds up a worker. Callbacks never run on
- *                   the application's own threads in this mode either
- *   "workers"       worker threads for block/async bodies and JSON parsing,
- *                   1..256 (default: number of CPUs, at least 2)
+ *                   no callback is running or waiting, the engine thread that
+ *                   ended an operation (a worker, or the transfer thread that
+ *                   received a response) runs its callback itself (otherwise
+ *                   the delivery thread does). Callbacks stay one at a time
+ *                   and in completion order, but run on several threads, and
+ *                   a slow callback holds up that thread: a worker, or a
+ *                   transfer thread and its other transfers. Callbacks never
+ *                   run on the application's own threads in this mode either
+ *   "workers"       worker threads for block/async bodies and for parsing
+ *                   responses larger than 64 KiB, 1..256 (default: number of
+ *                   CPUs, at least 2)
+ *   "transfer_threads" threads running network transfers, each with its own
+ *                   libcurl connections (1..16, default 2). A transfer thread
+ *                   ends the operations whose responses it received itself —
+ *                   parses the body, starts what that unblocks — unless the
+ *                   body is larger than 64 KiB or the result is written to
+ *                   SQLite (a search's "store", a persistent "cache"); those
+ *                   go to a worker
  *   "aging_ms"      a ready operation waiting this long gains one priority
  *                   level, and another each further aging_ms, so low
  *                   priority work is never starved (default 1000; 0 = off)
@@ -465,8 +475,8 @@ typedef enum fq_event_type {
 } fq_event_type;
 
 /* Called for events of operations that asked for them. Runs where
- * completions run (delivery thread, a worker in inline mode, or dispatching
- * thread), always before the operation's completion callback. `event` is
+ * completions run (delivery thread, an engine thread in inline mode, or the
+ * dispatching thread), always before the operation's completion callback. `event` is
  * BORROWED for the call. */
 typedef void (*fq_event_fn)(const fq_event *event, void *userdata);
 

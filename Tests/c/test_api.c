@@ -199,6 +199,9 @@ TEST(config_errors_name_the_key) {
     expect_bad_config("{\"workers\": \"two\"}", "workers");
     expect_bad_config("{\"workers\": 0}", "workers");
     expect_bad_config("{\"workers\": 257}", "workers");
+    expect_bad_config("{\"transfer_threads\": 0}", "transfer_threads");
+    expect_bad_config("{\"transfer_threads\": 17}", "transfer_threads");
+    expect_bad_config("{\"history_values\": -1}", "history_values");
     expect_bad_config("{\"delivery\": \"carrier-pigeon\"}", "delivery");
     expect_bad_config("{\"delivery\": 1}", "delivery");
     expect_bad_config("{\"aging_ms\": \"soon\"}", "aging_ms");
@@ -241,7 +244,8 @@ TEST(config_errors_name_the_key) {
 
 TEST(config_every_documented_key_accepted) {
     fq_engine *e = fqt_engine(
-        "{\"delivery\": \"thread\", \"workers\": 3, \"aging_ms\": 500, \"history\": 100,"
+        "{\"delivery\": \"thread\", \"workers\": 3, \"transfer_threads\": 3, \"aging_ms\": 500,"
+        " \"history\": 100, \"history_values\": 8,"
         " \"max_per_host\": 4, \"connect_timeout_ms\": 5000, \"timeout_ms\": 0,"
         " \"max_wait_ms\": 0, \"max_redirects\": 0, \"max_response_bytes\": 1048576,"
         " \"max_json_depth\": 64, \"verify_tls\": false, \"user_agent\": \"fqtest/1\","

@@ -1178,3 +1178,67 @@ TEST(http_history_values_keeps_the_newest_results) {
     check_history_values(&s, "{\"coalesce\": false}"); /* its own transfer */
     fqt_server_stop(&s);
 }
+
+/* Where a network operation's callback ran, and what a wait from there said. */
+typedef struct threadrec {
+    netrec n;            /* first: net_done sees the userdata as a netrec */
+    fq_engine *e;
+    char thread[16];     /* the callback thread's name */
+    int wait_status;     /* fq_engine_wait_idle(e, 0) from the callback */
+} threadrec;
+
+static void thread_done(const fq_result *res, void *userdata) {
+    threadrec *t = userdata;
+    pthread_getname_np(pthread_self(), t->thread, sizeof t->thread);
+    t->wait_status = fq_engine_wait_idle(t->e, 0);
+    net_done(res, userdata);
+}
+
+static void fetch_on(fq_engine *e, fq_queue *q, const char *url, threadrec *t) {
+    memset(t, 0, sizeof *t);
+    t->e = e;
+    json_t *req = json_pack("{s:s}", "url", url);
+    REQUIRE(fq_submit_request(q, req, NULL, thread_done, t) > 0);
+    json_decref(req);
+    CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));
+    REQUIRE(atomic_load(&t->n.r.calls) == 1);
+    expect(&t->n, FQ_SUCCEEDED, FQ_OK, url);
+    CHECK(json_is_object(t->n.r.value));
+    CHECK_EQ_INT(t->wait_status, FQ_ERR_STATE); /* an engine thread cannot wait for itself */
+}
+
+/* A transfer thread ends the operations of the responses it received up to
+ * 64 KiB: with inline delivery their callbacks run there; a larger body is
+ * parsed, and its callback run, on a worker. With thread delivery every
+ * callback runs on the delivery thread. One request at a time, so nothing
+ * else is being delivered when each one ends. */
+TEST(http_transfer_threads_end_small_responses) {
+    fqt_server s;
+    fqt_server_start(&s, NULL);
+    char url_buf_[256];
+    threadrec t;
+    for (int threads = 1; threads <= 2; threads++) {
+        char config[96];
+        snprintf(config, sizeof config, "{\"delivery\": \"inline\", \"transfer_threads\": %d}", threads);
+        fq_engine *e = fqt_engine(config);
+        fq_queue *q = fqt_queue(e, "q", 1);
+        fetch_on(e, q, URL(&s, "/json?size=2000"), &t);
+        CHECK_STR(t.thread, "fetchq-curl");
+        netrec_clear(&t.n);
+        fetch_on(e, q, URL(&s, "/json?size=200000"), &t);
+        CHECK(t.n.body_len > 64 * 1024);
+        CHECK(strncmp(t.thread, "fetchq-work-", 12) == 0);
+        netrec_clear(&t.n);
+        fqt_engine_free(e);
+    }
+    fq_engine *e = fqt_engine("{\"delivery\": \"thread\"}");
+    fq_queue *q = fqt_queue(e, "q", 1);
+    fetch_on(e, q, URL(&s, "/json?size=2000"), &t);
+    CHECK_STR(t.thread, "fetchq-deliver");
+    netrec_clear(&t.n);
+    fetch_on(e, q, URL(&s, "/json?size=200000"), &t);
+    CHECK_STR(t.thread, "fetchq-deliver");
+    netrec_clear(&t.n);
+    fqt_engine_free(e);
+    fqt_server_stop(&s);
+}

@@ -19,10 +19,10 @@ extension Engine {
         var cacheContext: CacheContext? = nil
         // One lock round trip for the attempt's bookkeeping (the attempt
         // number travels with the transfer to `transferEnded`).
-        let (attempt, existingTransport): (Int, CurlTransport?) = lock.withLock {
+        let (attempt, existing): (Int, [CurlTransport]) = lock.withLock {
             if op.startedAt == 0 { op.startedAt = monotonicNanos() }
             op.attempts += 1
-            return (op.attempts, self.transport)
+            return (op.attempts, transports)
         }
         if let cache = httpCache, let key = job.cacheKey, attempt == 1 {
             let control = job.request.headers.first { TransportText.equalsIgnoringASCIICase($0.name, "cache-control") }?.value
@@ -55,22 +55,39 @@ extension Engine {
             cacheContext = context
         }
         let transport: CurlTransport
-        if let existingTransport {
-            transport = existingTransport
+        if !existing.isEmpty {
+            transport = pickTransport(existing)
         } else {
             lock.lock()
-            if self.transport == nil {
+            if transports.isEmpty {
                 do {
-                    self.transport = try CurlTransport()
+                    let owner = selfPointer
+                    let ownerBits = UInt(bitPattern: owner)
+                    for _ in 0..<config.transferThreads {
+                        // Values parsed on the loop are freed by it (see
+                        // ReleaseList); it takes none back while it sleeps.
+                        let releases = ReleaseList()
+                        transports.append(try CurlTransport(onLoopThread: {
+                            fqs_set_current_engine(UnsafeRawPointer(bitPattern: ownerBits))
+                            releases.makeCurrent()
+                            releases.open()
+                        }, onTurn: { sleeping in
+                            if sleeping { releases.close() } else { releases.open(); releases.drain() }
+                        }))
+                    }
                 } catch {
+                    let made = transports
+                    transports = []
                     lock.unlock()
+                    for t in made { t.shutdown() }
                     finishRunning(op, OperationResult(id: op.id, outcome: .failed, status: .network,
                                                       message: "cannot start the transport: \(error.message)", value: nil))
                     return
                 }
             }
-            transport = self.transport!
+            let all = transports
             lock.unlock()
+            transport = pickTransport(all)
         }
         var progress: (@Sendable (UInt64, UInt64) -> Void)? = nil
         if job.progressIntervalMs != nil {
@@ -86,7 +103,11 @@ extension Engine {
             }
         }
         let transfer = transport.start(job.request, progress: progress) { [unowned self, job, cacheContext] outcome in
-            // The loop thread only hands over: parsing runs on a worker.
+            if transport.isLoopThread && endsOnLoop(job, outcome) {
+                transferEnded(op, job, outcome, attempts: attempt, cache: cacheContext, onLoop: true)
+                return
+            }
+            // Parsing a large body, or writing to SQLite, runs on a worker.
             workers.submit(qos: op.qos) { [self, job, cacheContext] in
                 transferEnded(op, job, outcome, attempts: attempt, cache: cacheContext)
             }
@@ -94,10 +115,41 @@ extension Engine {
         // A cancel that arrived before the transfer id was known aborts it now.
         let cancelledMeanwhile = lock.withLock {
             op.transfer = transfer
+            op.transport = transport
             return op.isCancelled
         }
         if cancelledMeanwhile { transport.cancel(transfer) }
     }
+
+    /// The transport for a new transfer: the calling loop thread's own (a
+    /// transfer started while its thread ended another), else the one with
+    /// the fewest transfers, the first on ties (so that one request at a
+    /// time keeps reusing one connection).
+    private func pickTransport(_ all: [CurlTransport]) -> CurlTransport {
+        if all.count == 1 { return all[0] }
+        if let own = all.first(where: { $0.isLoopThread }) { return own }
+        var best = all[0]
+        var fewest = best.activeTransfers
+        for t in all.dropFirst() where fewest > 0 {
+            let n = t.activeTransfers
+            if n < fewest { best = t; fewest = n }
+        }
+        return best
+    }
+
+    /// Whether the loop thread that finished a transfer ends the operation
+    /// itself (parse, book, start what is next on the same thread: no
+    /// hand-off to a worker and back). Not for large bodies (parsing would
+    /// hold up the loop's other transfers) nor for SQLite writes (a search
+    /// storing its items, a persistent HTTP cache).
+    func endsOnLoop(_ job: NetworkJob, _ outcome: Result<HTTPResponse, TransportError>) -> Bool {
+        if job.search?.store != nil || httpCache?.persistPath != nil { return false }
+        if case .success(let response) = outcome, response.body.count > Self.loopBodyLimit { return false }
+        return true
+    }
+
+    /// The largest body a loop thread parses itself (bytes).
+    static let loopBodyLimit = 64 * 1024
 
     /// Cache-Control or Expires, in any ASCII case (compared in place: this
     /// runs on every header of every response that might be cached).
@@ -107,7 +159,7 @@ extension Engine {
 
     /// A transfer ended: retry it, or turn it into the result(s).
     func transferEnded(_ op: Operation, _ job: NetworkJob, _ outcome: Result<HTTPResponse, TransportError>,
-                       attempts: Int, cache context: CacheContext?, fromCache: Bool = false) {
+                       attempts: Int, cache context: CacheContext?, fromCache: Bool = false, onLoop: Bool = false) {
         var outcome = outcome
         var fromCache = fromCache
         if let context, let cache = httpCache, case .success(let response) = outcome {
@@ -168,7 +220,7 @@ extension Engine {
                                          message: (result.message ?? "") + " (the stale cached value is kept as the value)",
                                          value: cached.value, http: result.http)
             }
-            if let next = finishRunning(op, result, onWorker: true) { runBody(next) }
+            continueWith(finishRunning(op, result, onWorker: true), onLoop: onLoop)
             return
         }
         // A shared transfer: every caller still attached gets its own result.
@@ -178,17 +230,34 @@ extension Engine {
             defer { shared.callers = [] }  // callers point at `shared`: no cycle left behind
             return shared.callers
         }
-        for caller in callers {
-            guard case .network(let callerJob) = caller.body else { continue }
+        let endCaller: @Sendable (Operation, Bool) -> Void = { [self, outcome, fromCache] caller, onLoop in
+            guard case .network(let callerJob) = caller.body else { return }
             let queueWaitMs = Double(op.startedAt > caller.submittedAt ? op.startedAt - caller.submittedAt : 0) / 1e6
-            workers.submit(qos: caller.qos) { [self, outcome, fromCache] in
-                let result = callerJob.result(id: caller.id, outcome, queueWaitMs: queueWaitMs, attempts: attempts,
-                                              cancelled: caller.isCancelled, fromCache: fromCache)
-                if let next = finishRunning(caller, result, onWorker: true) { runBody(next) }
-            }
+            let result = callerJob.result(id: caller.id, outcome, queueWaitMs: queueWaitMs, attempts: attempts,
+                                          cancelled: caller.isCancelled, fromCache: fromCache)
+            continueWith(finishRunning(caller, result, onWorker: true), onLoop: onLoop)
+        }
+        // On a loop thread the first caller (usually the only one) ends here,
+        // after the carrier; the others, and all of them on a worker, go to
+        // the workers so they end in parallel.
+        let here = onLoop ? callers.first : nil
+        for caller in callers where caller !== here {
+            workers.submit(qos: caller.qos) { endCaller(caller, false) }
         }
         let ok = (try? outcome.get()) != nil
         finishRunning(op, OperationResult(id: op.id, outcome: op.isCancelled ? .cancelled : ok ? .succeeded : .failed,
                                           status: op.isCancelled ? .cancelled : ok ? .ok : .network, message: nil, value: nil))
+        if let here { endCaller(here, true) }
+    }
+
+    /// Runs the block operation a finish handed to this thread: here on a
+    /// worker, on a worker when the thread is a transfer loop.
+    private func continueWith(_ next: Operation?, onLoop: Bool) {
+        guard let next else { return }
+        if onLoop {
+            workers.submit(qos: next.qos, job: .body(next))
+        } else {
+            runBody(next)
+        }
     }
 }

@@ -41,8 +41,8 @@ public final class Engine: @unchecked Sendable {
     var coalesced: [String: SharedTransfer] = [:]
     /// The HTTP cache (config "cache"), nil when its size is 0.
     public let httpCache: HTTPCache?
-    /// Created with the first network operation.
-    var transport: CurlTransport?
+    /// Made with the first network operation, `config.transferThreads` of them (guarded by `lock`).
+    var transports: [CurlTransport] = []
     var workers: WorkerPool!
     var delivery: Delivery!
     var timer: DeadlineTimer!
@@ -274,7 +274,7 @@ public final class Engine: @unchecked Sendable {
                     }
                     continue
                 }
-                if let transfer = op.transfer, let transport { work.append(.abort(transport, transfer)) }
+                if let transfer = op.transfer, let transport = op.transport { work.append(.abort(transport, transfer)) }
             }
         }
         if machine.waitsForTokens { work.append(.kickTimer) }
@@ -537,7 +537,7 @@ public final class Engine: @unchecked Sendable {
         logger.info("engine shutting down", metadata: ["unfinished": "\(unfinished)"])
         execute(work)
         _ = wait(queue: nil, timeoutMs: -1)
-        lock.withLock { transport }?.shutdown()
+        for transport in lock.withLock({ transports }) { transport.shutdown() }
         timer.stop()
         workers.stop()
         delivery.stop()

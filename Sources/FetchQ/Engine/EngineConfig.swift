@@ -6,6 +6,9 @@ import Glibc
 public struct EngineConfig: Sendable {
     public var delivery: DeliveryMode = .thread
     public var workers: Int = max(2, Int(sysconf(Int32(_SC_NPROCESSORS_ONLN))))
+    /// Threads running transfers, each with its own libcurl multi handle;
+    /// each ends its own cheap responses (see Engine.endsOnLoop).
+    public var transferThreads: Int = 2
     public var agingMs: Int = 1000
     public var history: Int = 4096
     /// Of those, how many network operations keep their result (the newest).
@@ -33,6 +36,7 @@ public struct EngineConfig: Sendable {
             delivery = d == "poll" ? .poll : d == "inline" ? .inline : .thread
         }
         if let n = try r.int("workers", in: 1...256) { workers = n }
+        if let n = try r.int("transfer_threads", in: 1...16) { transferThreads = n }
         if let n = try r.int("aging_ms", in: 0...86_400_000) { agingMs = n }
         if let n = try r.int("history", in: 0...1_000_000) { history = n }
         if let n = try r.int("history_values", in: 0...1_000_000) { historyValues = n }

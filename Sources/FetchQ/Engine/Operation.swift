@@ -80,6 +80,8 @@ public final class Operation: @unchecked Sendable {
     /// guarded by the engine's lock).
     var startedAt: UInt64 = 0
     var transfer: TransferID? = nil
+    /// The transport running `transfer` (guarded by the engine's lock).
+    var transport: CurlTransport? = nil
     /// Attempts made so far (retries), guarded by the engine's lock.
     var attempts = 0
     /// The last progress reported (received, expected), guarded by the engine's lock.

@@ -30,7 +30,10 @@ package final class CurlTransport: HTTPTransport, @unchecked Sendable {
 
     /// - Parameter maxTotalConnections: CURLMOPT_MAX_TOTAL_CONNECTIONS (0 = no limit);
     ///   transfers beyond it wait inside curl for a free connection.
-    package init(maxTotalConnections: Int = 0) throws(TransportError) {
+    /// - Parameter onLoopThread: runs first on the loop thread (the engine
+    ///   records itself there, see fq_support.h).
+    package init(maxTotalConnections: Int = 0, onLoopThread: (@Sendable () -> Void)? = nil,
+                 onTurn: (@Sendable (_ sleeping: Bool) -> Void)? = nil) throws(TransportError) {
         let initCode = CurlGlobal.initResult
         guard initCode == CURLE_OK else {
             throw TransportError(
@@ -38,6 +41,8 @@ package final class CurlTransport: HTTPTransport, @unchecked Sendable {
                 curlCode: Int(initCode.rawValue))
         }
         let core = try CurlLoop(maxTotalConnections: maxTotalConnections)
+        core.onStart = onLoopThread
+        core.onTurn = onTurn
         self.core = core
 
         // The loop thread starts with every signal blocked, so process signals go
@@ -105,6 +110,10 @@ package final class CurlTransport: HTTPTransport, @unchecked Sendable {
 
     /// Started transfers whose completion has not begun yet.
     package var activeTransfers: Int { core.activeCount.load(ordering: .acquiring) }
+
+    /// Whether the calling thread is this transport's loop thread (where
+    /// completions run).
+    package var isLoopThread: Bool { pthread_equal(pthread_self(), loopThread) != 0 }
 }
 
 /// curl_global_init, once per process (a lazily initialized static is thread-safe).
@@ -163,6 +172,11 @@ final class CurlLoop: @unchecked Sendable {
     let activeCount = Atomic<Int>(0)
     private let nextID = Atomic<UInt64>(1)
 
+    /// Set before the loop thread starts; run first on it.
+    var onStart: (@Sendable () -> Void)?
+    /// Set before the loop thread starts; run on it after each turn, with
+    /// whether the loop is about to sleep (true) or has just woken (false).
+    var onTurn: (@Sendable (_ sleeping: Bool) -> Void)?
     private var active: [TransferID: CurlTransfer] = [:]
     private var idleHandles: [UnsafeMutableRawPointer] = []
     private static let maxIdleHandles = 32
@@ -235,6 +249,7 @@ final class CurlLoop: @unchecked Sendable {
 
     func run() {
         fqc_name_current_thread("fetchq-curl")
+        onStart?()
         var running: Int32 = 0
         // Swapped with the inbox's arrays, so their buffers are reused instead
         // of being allocated by callers and freed here for every batch.
@@ -286,10 +301,15 @@ final class CurlLoop: @unchecked Sendable {
                 return true
             }
             // Sleeps until socket activity, curl's next timer, or curl_multi_wakeup.
-            if idle, curl_multi_poll(multi, nil, 0, 1000, nil) != CURLM_OK { usleep(1000) }
+            if idle {
+                onTurn?(true)
+                if curl_multi_poll(multi, nil, 0, 1000, nil) != CURLM_OK { usleep(1000) }
+            }
+            onTurn?(false)
         }
         for easy in idleHandles { curl_easy_cleanup(easy) }
         idleHandles = []
+        onTurn?(true)
     }
 
     private func transfer(of easy: UnsafeMutableRawPointer) -> CurlTransfer? {

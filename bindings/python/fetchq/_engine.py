@@ -1412,7 +1412,7 @@ class Engine(_EngineBase):
     thread (their done-callbacks run there; they may submit more work).
 
     ``Engine(**config)`` takes the keys of ``fq_engine_new`` (workers,
-    aging_ms, history, history_values, max_per_host, connect_timeout_ms,
+    transfer_threads, aging_ms, history, history_values, max_per_host, connect_timeout_ms,
     timeout_ms, max_wait_ms, max_redirects, max_response_bytes,
     max_json_depth, verify_tls, ca_file, user_agent, rate_limits, cache, log,
     search={url, results, id, sort, order}). The library's log lines go to the ``logging``
