@@ -122,8 +122,9 @@ final class HTTPDetails: Sendable {
 }
 
 extension NetworkJob {
-    /// Turns the transport's outcome into the operation's result. Runs on a
-    /// worker (JSON parsing never runs on the network thread).
+    /// Turns the transport's outcome into the operation's result. Runs on
+    /// the transfer thread that received a small response, else on a worker
+    /// (see Engine.endsOnLoop).
     func result(id: OpID, _ outcome: Result<HTTPResponse, TransportError>, queueWaitMs: Double,
                 attempts: Int, cancelled: Bool, fromCache: Bool = false) -> OperationResult {
         switch outcome {

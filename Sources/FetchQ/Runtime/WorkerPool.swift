@@ -3,7 +3,8 @@ import Glibc
 import Synchronization
 
 /// A fixed pool of threads running jobs; higher QoS first, FIFO within a
-/// QoS. Used for block/async bodies and JSON parsing (never for network I/O).
+/// QoS. Used for block/async bodies and parsing large responses (never for
+/// network I/O).
 ///
 /// `@unchecked Sendable`: `jobs` and `stopping` are guarded by `lock`;
 /// `threads` is written only in init and read in `stop()`.

@@ -8,8 +8,9 @@ import Synchronization
 /// Threading:
 /// - `start`, `cancel`, `shutdown` and `activeTransfers` are safe from any thread,
 ///   including from inside a completion or progress callback.
-/// - Completions and progress callbacks run on the loop thread; keep them cheap
-///   (no JSON parsing, no blocking). A completion runs exactly once per `start`,
+/// - Completions and progress callbacks run on the loop thread; keep them short
+///   and never blocking (the engine parses bodies up to 64 KiB there and hands
+///   larger ones, and SQLite writes, to a worker). A completion runs exactly once per `start`,
 ///   always on the loop thread — except for a `start` made after `shutdown`, whose
 ///   `.cancelled` completion runs on the caller's thread before `start` returns.
 /// - Requests that fail validation (bad method or header syntax, HEAD with a body,
