@@ -72,7 +72,12 @@ extension Engine {
                             releases.makeCurrent()
                             releases.open()
                         }, onTurn: { sleeping in
-                            if sleeping { releases.close() } else { releases.open(); releases.drain() }
+                            if sleeping {
+                                releases.close()
+                            } else {
+                                releases.open()  // costs nothing when already open
+                                releases.drain()
+                            }
                         }))
                     }
                 } catch {

@@ -16,12 +16,16 @@ import Synchronization
 /// gone takes nothing (`take` returns false and the caller frees the value
 /// itself), so nothing waits on a thread that may never run again.
 ///
-/// `@unchecked Sendable`: `items` and `accepting` are guarded by `lock`.
+/// `@unchecked Sendable`: `items` and `accepting` are guarded by `lock`;
+/// `isOpen` is read and written only on the owner thread.
 final class ReleaseList: @unchecked Sendable {
     private let lock = ConditionLock()
     private var items: [JSONRef] = []
     /// The owner is awake and will drain before it sleeps or exits.
     private var accepting = false
+    /// `accepting` as the owner last set it (owner thread only): repeated
+    /// `open`/`close` calls cost nothing.
+    private(set) var isOpen = false
     /// `items.count`, readable without the lock (a hint for `drain`).
     private let waiting = Atomic<Int>(0)
 
@@ -68,12 +72,16 @@ final class ReleaseList: @unchecked Sendable {
 
     /// On the owner, when it starts taking jobs again.
     func open() {
+        guard !isOpen else { return }
+        isOpen = true
         lock.withLock { accepting = true }
     }
 
     /// On the owner, before it sleeps or exits: takes nothing more and frees
     /// what it holds.
     func close() {
+        guard isOpen else { return }
+        isOpen = false
         freeAll(closing: true)
     }
 }

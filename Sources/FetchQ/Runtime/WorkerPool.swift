@@ -58,15 +58,13 @@ final class WorkerPool: @unchecked Sendable {
     }
 
     private func run(_ releases: ReleaseList) {
-        var taking = false  // whether `releases` is open
         while true {
             releases.drain()
             lock.lock()
-            if pending == 0 && !stopping && taking {
+            if pending == 0 && !stopping && releases.isOpen {
                 // About to sleep: free what was handed back, take no more.
                 lock.unlock()
                 releases.close()
-                taking = false
                 lock.lock()
             }
             while pending == 0 && !stopping { lock.wait(until: nil) }
@@ -82,10 +80,7 @@ final class WorkerPool: @unchecked Sendable {
             }
             pending -= 1
             lock.unlock()
-            if !taking {
-                releases.open()
-                taking = true
-            }
+            releases.open()
             switch job! {
             case .body(let op): op.engine.runBody(op)
             case .closure(let body): body()

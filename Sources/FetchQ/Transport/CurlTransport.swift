@@ -69,7 +69,7 @@ package final class CurlTransport: HTTPTransport, @unchecked Sendable {
 
     deinit {
         core.close()
-        let onLoopThread = pthread_equal(pthread_self(), loopThread) != 0
+        let onLoopThread = isLoopThread
         joinState.withLock { joined in
             guard !joined else { return }
             // The last reference went away inside a callback on the loop thread:
@@ -101,7 +101,7 @@ package final class CurlTransport: HTTPTransport, @unchecked Sendable {
     /// thread it cannot wait: the loop then stops after that callback returns.
     package func shutdown() {
         core.close()
-        if pthread_equal(pthread_self(), loopThread) != 0 { return }
+        if isLoopThread { return }
         joinState.withLock { joined in
             guard !joined else { return }
             pthread_join(loopThread, nil)
