@@ -379,11 +379,15 @@ fq_op_id fq_submit_async(fq_queue *queue, fq_async_fn fn, const json_t *options,
  *                "barrier" that is identical to one in flight (same URL,
  *                headers, limits and progress setting) shares its transfer:
  *                the server sees one request; each operation still gets its
- *                own callback and result. The shared transfer runs in the
- *                first caller's queue at the highest priority of its callers;
- *                cancelling one caller detaches only it, the transfer is
- *                cancelled when the last caller cancels. false: its own
- *                transfer;
+ *                own callback and result. The first caller runs the shared
+ *                transfer in its queue (the others hold no slot) at the
+ *                highest priority of its callers. Cancelling one caller
+ *                detaches only it, the first included: a running transfer
+ *                goes on for the others, a queued one is queued in the next
+ *                caller's queue; the transfer is cancelled when the last
+ *                caller cancels. A first caller given a dependency by
+ *                fq_add_dependency leaves the transfer to the others. false:
+ *                its own transfer;
  *   "cache"      how a GET (without a body) or a search uses the engine's HTTP
  *                cache: "default" (a fresh entry answers at once with no
  *                request; a stale one is revalidated with a conditional

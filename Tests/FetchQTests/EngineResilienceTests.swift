@@ -192,12 +192,19 @@ import Testing
         #expect(try requests(to: "/delay") == 1)
     }
 
+    /// Two identical GETs of `path`, once the server has their one request.
+    func twoCallersInFlight(_ path: String, _ engine: Engine, _ queue: Queue, _ c: Completions) throws -> (OpID, OpID) {
+        let a = try engine.request(#"{"url": "\#(server.url(path))"}"#, on: queue, c)
+        let b = try engine.request(#"{"url": "\#(server.url(path))"}"#, on: queue, c)
+        for _ in 0..<200 where try stats().at("/in_flight")?.integerValue != 1 { usleep(10_000) }
+        #expect(try stats().at("/in_flight")?.integerValue == 1)
+        return (a, b)
+    }
+
     @Test func theTransferIsCancelledWhenTheLastCallerCancels() throws {
         try resetStats()
         try withEngine { engine, queue, c in
-            let a = try engine.request(#"{"url": "\#(server.url("/stall"))"}"#, on: queue, c)
-            let b = try engine.request(#"{"url": "\#(server.url("/stall"))"}"#, on: queue, c)
-            for _ in 0..<100 where try stats().at("/in_flight")?.integerValue != 1 { usleep(50_000) }
+            let (a, b) = try twoCallersInFlight("/stall", engine, queue, c)
             try engine.cancel(a)
             #expect(c.wait(a, timeoutMs: 2000)?.outcome == .cancelled)
             #expect(try stats().at("/in_flight")?.integerValue == 1)  // b still holds it
@@ -224,6 +231,85 @@ import Testing
         }
         let arrivals = try stats().at("/arrivals")?.elements.compactMap(\.stringValue) ?? []
         #expect(arrivals == ["/echo?n=2", "/echo?n=1"])
+    }
+
+    @Test func aCancelledLeaderLeavesItsRunningTransferToTheOthers() throws {
+        try resetStats()
+        try withEngine { engine, queue, c in
+            let (a, b) = try twoCallersInFlight("/delay?ms=400", engine, queue, c)
+            try engine.cancel(a)
+            #expect(c.wait(a, timeoutMs: 2000)?.outcome == .cancelled)
+            let rb = try #require(c.wait(b))
+            #expect(rb.outcome == .succeeded)
+            #expect(rb.value?.at("/delayed")?.integerValue == 400)
+            // a ended at its cancel, not when the transfer did.
+            #expect(c.completionOrder == [a, b])
+            try engine.cancel(a)  // cancelled already: harmless
+            #expect(engine.waitIdle(timeoutMs: 5000) == .ok)
+            #expect(engine.stats().at("/succeeded")?.integerValue == 1)
+            #expect(engine.stats().at("/cancelled")?.integerValue == 1)
+            #expect(engine.stats().at("/running")?.integerValue == 0)
+        }
+        #expect(try requests(to: "/delay") == 1)  // not sent again
+    }
+
+    /// The leading caller is cancelled, or its queue closed, before its
+    /// transfer ran: the callers left still get the one transfer.
+    @Test(arguments: ["cancel", "close"])
+    func aLeaderThatLeftBeforeItRanLeavesTheTransferToTheOthers(_ how: String) throws {
+        try resetStats()
+        try withEngine { engine, held, c in
+            let other = try engine.makeQueue(name: "other", maxConcurrent: 1)
+            held.setSuspended(true)
+            let url = #"{"url": "\#(server.url("/echo?n=" + how))"}"#
+            let a = try engine.request(url, on: held, c)
+            let b = try engine.request(url, on: other, c)
+            let d = try engine.request(url, on: held, c)  // attached: needs no slot of its suspended queue
+            usleep(50_000)
+            #expect(c.count == 0)  // b and d wait for a's transfer
+            if how == "cancel" { try engine.cancel(a) } else { held.close() }
+            #expect(c.wait(a)?.outcome == .cancelled)
+            #expect(c.wait(b)?.outcome == .succeeded)
+            // Closing the queue cancels d too.
+            #expect(c.wait(d)?.outcome == (how == "cancel" ? .succeeded : .cancelled))
+            #expect(c.duplicates.isEmpty)
+        }
+        #expect(try requests(to: "/echo") == 1)
+    }
+
+    @Test func aLeaderThatWaitedTooLongEndsItsCallersTheSameWay() throws {
+        try resetStats()
+        try withEngine { engine, held, c in
+            held.setSuspended(true)
+            let url = #"{"url": "\#(server.url("/echo?n=late"))"}"#
+            let a = try engine.request(url, options: #"{"max_wait_ms": 100}"#, on: held, c)
+            let b = try engine.request(url, options: #"{"max_wait_ms": 100}"#, on: held, c)
+            let results = try #require(c.waitAll([a, b], timeoutMs: 5000))
+            #expect(results.map(\.status) == [.queueTimeout, .queueTimeout])
+            #expect(results.map(\.id) == [a, b])
+            #expect(results[1].message?.contains("operation \(b)") == true)
+        }
+        #expect(try requests(to: "/echo") == 0)
+    }
+
+    @Test func aLeaderGivenADependencyLeavesTheTransferToTheOthers() throws {
+        try resetStats()
+        try withEngine { engine, held, c in
+            let other = try engine.makeQueue(name: "other", maxConcurrent: 1)
+            held.setSuspended(true)
+            let first = try engine.submit(.block { _ in nil }, to: held, options: nil, completion: c.callback)
+            let url = #"{"url": "\#(server.url("/echo?n=dep"))"}"#
+            let a = try engine.request(url, on: held, c)
+            let b = try engine.request(url, on: other, c)
+            try engine.addDependency(a, on: first)
+            // b no longer waits for a (which waits for `first` in a suspended queue).
+            #expect(c.wait(b)?.outcome == .succeeded)
+            #expect(c.wait(a, timeoutMs: 100) == nil)
+            held.setSuspended(false)
+            #expect(c.wait(a)?.outcome == .succeeded)
+            #expect(c.completionOrder == [b, first, a])
+        }
+        #expect(try requests(to: "/echo") == 2)  // a's own, after b's
     }
 
     @Test func coalescingCanBeTurnedOff() throws {

@@ -43,6 +43,34 @@ import Testing
         #expect(m.counters.succeeded == 2)
     }
 
+    @Test func handOverPassesTheSlotOnAndEndsTheOldOperationCancelled() {
+        var m = Machine()
+        let q = m.addQueue(name: "q", maxConcurrent: 1)
+        let (a, startA) = submit(&m, q, group: "g", host: "h:80")
+        #expect(started(startA) == [a])
+        let (b, _) = submit(&m, q, host: "h:80")
+        let (dependent, _) = submit(&m, q, deps: [a])
+        var actions: [Machine.Action] = []
+        #expect(m.handOver(b, now: 0, into: &actions) == nil && actions.isEmpty)  // not running
+        _ = m.cancel(a, now: 0)  // the runtime is told; the handover is its answer
+        let carrier = m.handOver(a, now: 0, into: &actions)
+        #expect(carrier == dependent + 1)
+        // The old operation ended cancelled by its own cancel, and so did
+        // what strictly depended on it; nothing else started: the carrier
+        // holds the one slot.
+        #expect(m.finishedOutcome(of: a) == .cancelled)
+        #expect(completed(actions).map(\.0) == [dependent])
+        #expect(started(actions).isEmpty)
+        #expect(m.state(of: carrier!) == .running)
+        #expect(m.group(of: carrier!) == nil)
+        #expect(m.counters.running == 1 && m.counters.queued == 1)
+        #expect(m.counters.cancelled == 2 && m.counters.submitted == 3)  // the carrier is internal
+        _ = m.cancel(a, now: 0)  // cancelling again is harmless
+        // Its end frees the slot (and the host) for the next.
+        #expect(started(m.finished(carrier!, .succeeded, payload: nil, now: 0)) == [b])
+        #expect(m.counters.running == 1 && m.counters.queued == 0 && m.counters.succeeded == 0)
+    }
+
     @Test func priorityOrderThenFIFOWithinALevel() {
         var m = Machine()
         let q = m.addQueue(name: "q", maxConcurrent: 1)

@@ -99,7 +99,7 @@ extension Engine {
             progress = { [unowned self] received, expected in
                 let (handler, ids) = lock.withLock {
                     op.lastProgress = (received, expected)
-                    return (eventHandler, op.carries.map { $0.callers.map(\.id) } ?? [op.id])
+                    return (eventHandler, progressTargets(op))
                 }
                 guard let handler else { return }
                 for id in ids {
@@ -119,9 +119,12 @@ extension Engine {
         }
         // A cancel that arrived before the transfer id was known aborts it now.
         let cancelledMeanwhile = lock.withLock {
-            op.transfer = transfer
-            op.transport = transport
-            return op.isCancelled
+            // (To the carrier that took it over, if the leading caller of a
+            // shared transfer was cancelled meanwhile: it goes on.)
+            let runner = op.handedTo ?? op
+            runner.transfer = transfer
+            runner.transport = transport
+            return runner.isCancelled
         }
         if cancelledMeanwhile { transport.cancel(transfer) }
     }
@@ -205,7 +208,7 @@ extension Engine {
         if job.progressIntervalMs != nil, !fromCache, case .success(let response) = outcome {
             let total = UInt64(response.body.count)
             let (handler, last, ids) = lock.withLock {
-                (eventHandler, op.lastProgress, op.carries.map { $0.callers.map(\.id) } ?? [op.id])
+                (eventHandler, op.lastProgress, progressTargets(op))
             }
             if let handler, last.0 < total {
                 for id in ids {
@@ -213,7 +216,17 @@ extension Engine {
                 }
             }
         }
-        guard let shared = op.carries else {
+        // A shared transfer: every caller still attached gets its own result
+        // from the outcome, on the workers so that they end in parallel.
+        let endCaller: @Sendable (Operation, Bool) -> Void = { [self, outcome, fromCache] caller, onLoop in
+            guard case .network(let callerJob) = caller.body else { return }
+            let queueWaitMs = Double(op.startedAt > caller.submittedAt ? op.startedAt - caller.submittedAt : 0) / 1e6
+            let result = callerJob.result(id: caller.id, outcome, queueWaitMs: queueWaitMs, attempts: attempts,
+                                          cancelled: caller.isCancelled, fromCache: fromCache)
+            continueWith(finishRunning(caller, result, onWorker: true), onLoop: onLoop)
+        }
+        guard op.carries != nil else {
+            // The operation's own transfer (it may lead callers sharing it).
             let queueWaitMs = Double(op.startedAt - op.submittedAt) / 1e6
             var result = job.result(id: op.id, outcome, queueWaitMs: queueWaitMs, attempts: attempts,
                                     cancelled: op.isCancelled, fromCache: fromCache)
@@ -225,33 +238,24 @@ extension Engine {
                                          message: (result.message ?? "") + " (the stale cached value is kept as the value)",
                                          value: cached.value, http: result.http)
             }
-            continueWith(finishRunning(op, result, onWorker: true), onLoop: onLoop)
+            let next = finishRunning(op, result, onWorker: true) { callers in
+                for caller in callers { self.workers.submit(qos: caller.qos) { endCaller(caller, false) } }
+            }
+            continueWith(next, onLoop: onLoop)
             return
         }
-        // A shared transfer: every caller still attached gets its own result.
-        let callers: [Operation] = lock.withLock {
-            shared.done = true
-            if coalesced[shared.key] === shared { coalesced[shared.key] = nil }
-            defer { shared.callers = [] }  // callers point at `shared`: no cycle left behind
-            return shared.callers
-        }
-        let endCaller: @Sendable (Operation, Bool) -> Void = { [self, outcome, fromCache] caller, onLoop in
-            guard case .network(let callerJob) = caller.body else { return }
-            let queueWaitMs = Double(op.startedAt > caller.submittedAt ? op.startedAt - caller.submittedAt : 0) / 1e6
-            let result = callerJob.result(id: caller.id, outcome, queueWaitMs: queueWaitMs, attempts: attempts,
-                                          cancelled: caller.isCancelled, fromCache: fromCache)
-            continueWith(finishRunning(caller, result, onWorker: true), onLoop: onLoop)
-        }
-        // On a loop thread the first caller (usually the only one) ends here,
-        // after the carrier; the others, and all of them on a worker, go to
-        // the workers so they end in parallel.
-        let here = onLoop ? callers.first : nil
-        for caller in callers where caller !== here {
-            workers.submit(qos: caller.qos) { endCaller(caller, false) }
-        }
+        // A carrier. On a loop thread the first caller ends here, after the
+        // carrier; the others, and all of them on a worker, go to the workers.
+        var here: Operation? = nil
         let ok = (try? outcome.get()) != nil
         finishRunning(op, OperationResult(id: op.id, outcome: op.isCancelled ? .cancelled : ok ? .succeeded : .failed,
-                                          status: op.isCancelled ? .cancelled : ok ? .ok : .network, message: nil, value: nil))
+                                          status: op.isCancelled ? .cancelled : ok ? .ok : .network, message: nil,
+                                          value: nil)) { callers in
+            here = onLoop ? callers.first : nil
+            for caller in callers where caller !== here {
+                self.workers.submit(qos: caller.qos) { endCaller(caller, false) }
+            }
+        }
         if let here { endCaller(here, true) }
     }
 

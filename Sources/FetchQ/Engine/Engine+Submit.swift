@@ -171,7 +171,8 @@ extension Engine {
     }
 
     /// A network operation: coalesced with an identical in-flight GET when
-    /// it can be (no dependencies, no barrier), else queued on its own.
+    /// it can be (no dependencies, no barrier), else queued on its own. The
+    /// first of identical GETs runs the transfer itself (see SharedTransfer).
     func enqueueNetwork(_ job: NetworkJob, queue: QueueID, common: CommonOptions,
                         callback: Callback) throws(FetchQError) -> OpID {
         // The transfer's max_wait_ms is part of what is shared: callers join
@@ -181,61 +182,55 @@ extension Engine {
         }
         let key = jobKey + " max_wait_ms=\(common.maxWaitMs)"
         let now = monotonicNanos()
+        var spec = Machine.Spec(queue: queue)
+        spec.priority = common.priority
+        spec.qos = common.qos
+        spec.group = common.group
+        // Made before locking (its id is set under the lock, before anyone
+        // else can see it).
+        let op = Operation(id: 0, queue: queue, qos: common.qos, body: .network(job), callback: callback, engine: self,
+                           submittedAt: now)
         lock.lock()
         guard !shuttingDown else {
             lock.unlock()
             throw FetchQError(.shutdown, "the engine is being freed")
         }
         var actions: [Machine.Action] = []
-        let shared: SharedTransfer
-        if let existing = coalesced[key] {
-            shared = existing
+        let existing = coalesced[key]
+        if existing != nil {
+            spec.attached = true
         } else {
-            // The carrier: internal, in this queue, with this caller's limits.
-            shared = SharedTransfer(key: key, priority: common.priority)
-            var spec = Machine.Spec(queue: queue)
-            spec.priority = common.priority
-            spec.qos = common.qos
+            // The leading caller: an ordinary operation with its own limits.
             spec.host = job.host
-            spec.isInternal = true
             if common.maxWaitMs > 0 { spec.startDeadline = now + UInt64(common.maxWaitMs) * 1_000_000 }
-            switch machine.submit(spec, now: now) {
-            case .success(let (id, more)):
-                let carrier = Operation(id: id, queue: queue, qos: common.qos, body: .network(job), callback: .none, engine: self)
-                carrier.carries = shared
-                live[id] = carrier
-                shared.carrier = id
-                coalesced[key] = shared
-                actions += more
-            case .failure(let error):
-                lock.unlock()
-                throw error
-            }
         }
-        var spec = Machine.Spec(queue: queue)
-        spec.priority = common.priority
-        spec.qos = common.qos
-        spec.group = common.group
-        spec.attached = true
-        guard case .success(let (id, more)) = machine.submit(spec, now: now) else {
+        let submitted = machine.submit(spec, now: now, into: &actions)
+        guard case .success(let id) = submitted else {
             lock.unlock()
-            throw FetchQError(.invalid, "the queue has been freed")
+            if case .failure(let error) = submitted { throw error }
+            fatalError("unreachable")
         }
-        let caller = Operation(id: id, queue: queue, qos: common.qos, body: .network(job), callback: callback, engine: self)
-        caller.shared = shared
-        shared.callers.append(caller)
-        live[id] = caller
+        op.id = id
+        if let shared = existing {
+            op.shared = shared
+            shared.callers.append(op)
+            if common.priority.rawValue > shared.priority.rawValue {
+                shared.priority = common.priority
+                if case .success(let more) = machine.setPriority(shared.carrier, common.priority, now: now) { actions += more }
+            }
+        } else {
+            let shared = SharedTransfer(key: key, priority: common.priority, maxWaitMs: common.maxWaitMs)
+            shared.carrier = id
+            op.leads = shared
+            coalesced[key] = shared
+        }
+        live[id] = op
         outstanding[queue] += 1
         outstandingTotal += 1
-        actions += more
-        if common.priority.rawValue > shared.priority.rawValue {
-            shared.priority = common.priority
-            if case .success(let more) = machine.setPriority(shared.carrier, common.priority, now: now) { actions += more }
-        }
         let work = resolve(actions)
         lock.unlock()
-        execute(work)
-        if common.maxWaitMs > 0 { timer.kick() }
+        if !work.isEmpty { execute(work) }
+        if spec.startDeadline != nil { timer.kick() }
         return id
     }
 

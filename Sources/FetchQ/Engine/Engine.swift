@@ -173,7 +173,23 @@ public final class Engine: @unchecked Sendable {
     }
 
     public func addDependency(_ id: OpID, on dep: OpID) throws(FetchQError) {
-        try runThrowing { $0.addDependency(id, on: dep, now: monotonicNanos()) }
+        lock.lock()
+        switch machine.addDependency(id, on: dep, now: monotonicNanos()) {
+        case .success(var actions):
+            var work: [Work] = []
+            if let op = live[id], let shared = op.leads {
+                // The leading caller of a shared transfer now waits for a
+                // dependency: the callers sharing it should not.
+                op.leads = nil
+                actions += leaderEnded(shared, .cancelled, .cancelled, .cancelled, &work)
+            }
+            resolve(actions, into: &work)
+            lock.unlock()
+            execute(work)
+        case .failure(let error):
+            lock.unlock()
+            throw error
+        }
     }
 
     // MARK: - Carrying out the state machine's actions
@@ -247,15 +263,13 @@ public final class Engine: @unchecked Sendable {
                 if let shared = op.carries {
                     // A carrier that never ran (cancelled, waited too long):
                     // its callers end the same way.
-                    shared.done = true
-                    if coalesced[shared.key] === shared { coalesced[shared.key] = nil }
-                    for caller in shared.callers {
-                        // Each caller's own id in its message (the reason is
-                        // formatted with the caller's id), not the internal carrier's.
-                        actions += endAttached(caller, outcome, status, reason, &work)
-                    }
-                    shared.callers = []
+                    actions += endCallers(shared, outcome, status, reason, &work)
                     continue
+                }
+                if let shared = op.leads {
+                    // A leading caller that never got to run its transfer.
+                    op.leads = nil
+                    actions += leaderEnded(shared, outcome, status, reason, &work)
                 }
                 let result = OperationResult(id: id, outcome: outcome, status: status, reason: reason)
                 pendingPosts.append(.completion(result, op.callback, op.queue))
@@ -268,11 +282,17 @@ public final class Engine: @unchecked Sendable {
                     shared.callers.removeAll { $0 === op }
                     op.shared = nil
                     actions += endAttached(op, .cancelled, .cancelled, .cancelled, &work)
-                    if shared.callers.isEmpty && !shared.done {
+                    if shared.callers.isEmpty && !shared.done && !shared.ownerLed {
                         if coalesced[shared.key] === shared { coalesced[shared.key] = nil }
                         if case .success(let more) = machine.cancel(shared.carrier, now: monotonicNanos()) { actions += more }
                     }
                     continue
+                }
+                if let shared = op.leads {
+                    // A leading caller: others still waiting keep the
+                    // transfer, which a carrier takes over as it is.
+                    op.leads = nil
+                    if handOver(op, shared, &actions, &work) { continue }
                 }
                 if let transfer = op.transfer, let transport = op.transport { work.append(.abort(transport, transfer)) }
             }
@@ -288,6 +308,116 @@ public final class Engine: @unchecked Sendable {
             delivery.post(contentsOf: pendingPosts)
             pendingPosts.removeAll(keepingCapacity: pendingPosts.count <= 1024)
         }
+    }
+
+    /// With the lock held: the leading caller of a shared transfer ended
+    /// before the transfer ran (cancelled, or it waited longer than its
+    /// max_wait_ms). A cancel is the leader's own: a carrier is queued for
+    /// the callers still attached. Any other end is shared by them (they have
+    /// the same limits), as a carrier's would be.
+    func leaderEnded(_ shared: SharedTransfer, _ outcome: Outcome, _ status: FQStatus, _ reason: EndReason,
+                     _ work: inout [Work]) -> [Machine.Action] {
+        shared.ownerLed = false
+        if reason == .cancelled, !shared.callers.isEmpty, let actions = queueCarrier(shared, &work) {
+            return actions
+        }
+        return endCallers(shared, outcome, status, reason, &work)
+    }
+
+    /// With the lock held: a shared transfer will not run; its callers end
+    /// as the operation that was to run it did.
+    private func endCallers(_ shared: SharedTransfer, _ outcome: Outcome, _ status: FQStatus, _ reason: EndReason,
+                            _ work: inout [Work]) -> [Machine.Action] {
+        shared.done = true
+        if coalesced[shared.key] === shared { coalesced[shared.key] = nil }
+        var actions: [Machine.Action] = []
+        for caller in shared.callers {
+            // Each caller's own id in its message, not the leader's or carrier's.
+            let own = status == .queueTimeout ? EndReason.text(Self.waitedTooLong(caller.id)) : reason
+            actions += endAttached(caller, outcome, status, own, &work)
+        }
+        shared.callers = []
+        return actions
+    }
+
+    /// With the lock held: queues an internal carrier for the callers of a
+    /// shared transfer whose leader left before running it, in the first of
+    /// their queues that still takes work, with the callers' max_wait_ms
+    /// counted from the oldest caller's submit. Nil when no queue takes it.
+    private func queueCarrier(_ shared: SharedTransfer, _ work: inout [Work]) -> [Machine.Action]? {
+        let now = monotonicNanos()
+        for caller in shared.callers {
+            guard case .network(let job) = caller.body else { continue }
+            var spec = Machine.Spec(queue: caller.queue)
+            spec.priority = shared.priority
+            spec.qos = caller.qos
+            spec.host = job.host
+            spec.isInternal = true
+            if shared.maxWaitMs > 0 {
+                spec.startDeadline = shared.callers[0].submittedAt + UInt64(shared.maxWaitMs) * 1_000_000
+                work.append(.kickTimer)
+            }
+            var actions: [Machine.Action] = []
+            guard case .success(let id) = machine.submit(spec, now: now, into: &actions) else { continue }
+            let carrier = Operation(id: id, queue: caller.queue, qos: caller.qos, body: .network(job), callback: .none,
+                                    engine: self)
+            carrier.carries = shared
+            live[id] = carrier
+            shared.carrier = id
+            return actions
+        }
+        return nil
+    }
+
+    /// With the lock held: a running leading caller was cancelled. With
+    /// callers still attached, a carrier takes over its slot and its transfer
+    /// (which goes on), and the leader ends cancelled now: returns true.
+    /// False when its transfer is to be aborted (no caller left, or the
+    /// callers got a queued carrier of their own).
+    private func handOver(_ leader: Operation, _ shared: SharedTransfer, _ actions: inout [Machine.Action],
+                          _ work: inout [Work]) -> Bool {
+        shared.ownerLed = false
+        guard !shared.done else { return false }
+        guard !shared.callers.isEmpty, case .network(let job) = leader.body,
+              let id = machine.handOver(leader.id, now: monotonicNanos(), into: &actions) else {
+            actions += leaderEnded(shared, .cancelled, .cancelled, .cancelled, &work)
+            return false
+        }
+        let carrier = Operation(id: id, queue: leader.queue, qos: leader.qos, body: .network(job), callback: .none,
+                                engine: self, submittedAt: leader.submittedAt)
+        carrier.carries = shared
+        carrier.startedAt = leader.startedAt
+        carrier.attempts = leader.attempts
+        carrier.transfer = leader.transfer
+        carrier.transport = leader.transport
+        leader.handedTo = carrier
+        live[leader.id] = nil
+        live[id] = carrier
+        shared.carrier = id
+        let result = OperationResult(id: leader.id, outcome: .cancelled, status: .cancelled, reason: .cancelled)
+        pendingPosts.append(.completion(result, leader.callback, leader.queue))
+        return true
+    }
+
+    /// With the lock held: the operation running a shared transfer ends;
+    /// returns the callers still attached (they get their results from the
+    /// transfer's outcome) and lets no more attach.
+    func detachCallers(_ runner: Operation) -> [Operation] {
+        guard let shared = runner.carries ?? runner.leads else { return [] }
+        runner.leads = nil
+        guard !shared.done else { return [] }
+        shared.done = true
+        if coalesced[shared.key] === shared { coalesced[shared.key] = nil }
+        defer { shared.callers = [] }  // callers point at `shared`: no cycle left behind
+        return shared.callers
+    }
+
+    /// With the lock held: who hears about a transfer's progress.
+    func progressTargets(_ op: Operation) -> [OpID] {
+        let runner = op.handedTo ?? op
+        if let shared = runner.carries { return shared.callers.map(\.id) }
+        if let shared = runner.leads { return [op.id] + shared.callers.map(\.id) }
+        return [op.id]
     }
 
     /// With the lock held: ends a coalesced caller that has not got its result.
@@ -401,8 +531,13 @@ public final class Engine: @unchecked Sendable {
     /// by a worker at the end of its job, which must run the operation
     /// returned (see `execute`); nil otherwise.
     @discardableResult
-    func finishRunning(_ op: Operation, _ result: OperationResult, onWorker: Bool = false) -> Operation? {
+    func finishRunning(_ op: Operation, _ result: OperationResult, onWorker: Bool = false,
+                       endCallers: (([Operation]) -> Void)? = nil) -> Operation? {
         lock.lock()
+        // A leading caller cancelled while its transfer ran for others: the
+        // carrier that took the transfer over ends instead (the leader has
+        // ended already).
+        let op = op.handedTo ?? op
         let state = machine.state(of: op.id)
         guard state == .running || state == .attached else {
             lock.unlock()
@@ -412,10 +547,14 @@ public final class Engine: @unchecked Sendable {
         // was booked, the operation ends cancelled, so that a cancel that
         // returned FQ_OK always means FQ_CANCELLED.
         var result = result
-        if op.isCancelled && result.outcome != .cancelled {
+        if op.carries != nil {
+            result = OperationResult(id: op.id, outcome: result.outcome, status: result.status, message: result.message,
+                                     value: nil)
+        } else if op.isCancelled && result.outcome != .cancelled {
             result = OperationResult(id: op.id, outcome: .cancelled, status: .cancelled,
                                      message: "operation \(op.id) was cancelled", value: nil, http: result.http)
         }
+        let callers = detachCallers(op)
         var actions: [Machine.Action] = []
         machine.finished(op.id, result.outcome, payload: result, now: monotonicNanos(), into: &actions)
         live[op.id] = nil
@@ -434,6 +573,18 @@ public final class Engine: @unchecked Sendable {
             resolve(familyActions.isEmpty ? actions : familyActions + actions, into: &work)
         }
         lock.unlock()
+        if !callers.isEmpty {
+            if let endCallers {
+                endCallers(callers)
+            } else {
+                // Ended before a response (the transport could not start):
+                // the callers end the same way.
+                for caller in callers {
+                    finishRunning(caller, OperationResult(id: caller.id, outcome: result.outcome, status: result.status,
+                                                          message: result.message, value: nil))
+                }
+            }
+        }
         if !inlineBatch.isEmpty {
             // Start what this end unblocked before running the callbacks.
             let next = execute(work, selfPickup: onWorker)
@@ -460,11 +611,11 @@ public final class Engine: @unchecked Sendable {
         if wake { lock.broadcast() }
     }
 
+    static func waitedTooLong(_ id: OpID) -> String { "operation \(id) waited in its queue longer than its max_wait_ms" }
+
     func expireDeadlines() -> UInt64? {
         lock.lock()
-        let actions = machine.expire(now: monotonicNanos()) { id in
-            "operation \(id) waited in its queue longer than its max_wait_ms"
-        }
+        let actions = machine.expire(now: monotonicNanos(), waitedMessage: Self.waitedTooLong)
         let work = resolve(actions)
         let next = machine.nextDeadline()  // includes any rate-limit wake-up
         lock.unlock()

@@ -90,6 +90,12 @@ public final class Operation: @unchecked Sendable {
     var shared: SharedTransfer?
     /// A carrier: the engine-internal operation running a shared transfer.
     var carries: SharedTransfer?
+    /// The first caller of a shared transfer, which runs it (guarded by the
+    /// engine's lock; cleared when it hands the transfer on or ends).
+    var leads: SharedTransfer?
+    /// A leading caller cancelled while its transfer ran for other callers:
+    /// the carrier that took the transfer over (guarded by the engine's lock).
+    var handedTo: Operation?
 
     init(id: OpID, queue: QueueID, qos: QoS, body: OperationBody, callback: Callback, engine: Engine,
          submittedAt: UInt64 = monotonicNanos()) {

@@ -1,20 +1,33 @@
-/// Identical in-flight GETs share one transfer: an engine-internal carrier
-/// operation runs it (in the first caller's queue, at the highest priority
-/// among the callers) and every caller gets its own result from the one
-/// response. A caller that cancels is detached; the transfer is cancelled
-/// only when no caller is left.
+/// Identical in-flight GETs share one transfer, and every caller gets its own
+/// result from the one response.
+///
+/// The first caller runs the transfer itself, as an ordinary operation of its
+/// queue (it "leads": `Operation.leads`); later callers attach to it and hold
+/// no slot. The transfer runs at the highest priority among its callers. A
+/// caller that cancels is detached. When the leading caller is cancelled while
+/// others still wait, an engine-internal carrier operation takes the transfer
+/// over: a running transfer goes on uninterrupted (the carrier inherits the
+/// leader's slot), a queued one is queued again for the callers left. A
+/// carrier's transfer is cancelled only when no caller is left.
 ///
 /// `@unchecked Sendable`: every field is guarded by the engine's lock.
 final class SharedTransfer: @unchecked Sendable {
     let key: String
+    /// The operation running the transfer: the leading caller, or a carrier.
     var carrier: OpID = 0
+    /// `carrier` is the leading caller (not an internal carrier).
+    var ownerLed = true
+    /// The callers attached to the transfer (not the leading caller).
     var callers: [Operation] = []
     var priority: Priority
-    /// The carrier ended: no more callers may attach.
+    /// The callers' "max_wait_ms" (part of the key: the same for all of them).
+    let maxWaitMs: Int
+    /// The transfer ended: no more callers may attach.
     var done = false
 
-    init(key: String, priority: Priority) {
+    init(key: String, priority: Priority, maxWaitMs: Int) {
         self.key = key
         self.priority = priority
+        self.maxWaitMs = maxWaitMs
     }
 }

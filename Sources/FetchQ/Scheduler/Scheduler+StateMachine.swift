@@ -980,6 +980,29 @@ struct SchedulerStateMachine<Payload> {
         return actions
     }
 
+    /// A running operation hands its slot and its work to a new internal
+    /// operation, which is running from now on in the same queue and on the
+    /// same host (it does not wait for a slot: it takes this one), and ends
+    /// cancelled itself (by its own cancel). For a shared transfer whose
+    /// leading caller was cancelled while other callers still wait for it.
+    /// Returns the new operation's id; nil when `id` is not running.
+    mutating func handOver(_ id: OpID, now: UInt64, into actions: inout [Action]) -> OpID? {
+        guard let s = liveSlot(id), slots[s].state == .running else { return nil }
+        let q = slots[s].queue
+        let newID = nextOpID
+        nextOpID += 1
+        nextSeq += 1
+        let n = allocate(Op(id: newID, queue: q, seq: nextSeq, group: nil, host: slots[s].host, level: slots[s].level,
+                            qos: slots[s].qos, isBarrier: false, isInternal: true))
+        index.insert(newID, Int32(n))
+        liveCount += 1
+        listAppend(n, queue: q)
+        slots[n].state = .running  // the queue's and host's running counts stay as they are
+        retire(s, .cancelled, nil, byCancel: true, now: now, into: &actions)
+        schedule(now: now, into: &actions)
+        return newID
+    }
+
     /// Fails the operations whose start deadline has passed.
     mutating func expire(now: UInt64, waitedMessage: (OpID) -> String) -> [Action] {
         var actions: [Action] = []
