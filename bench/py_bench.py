@@ -5,8 +5,8 @@
 
 fetchq goes through the binding (bindings/python, AsyncEngine: poll delivery
 on the loop's thread): all N requests submitted to a queue of max_concurrent
-C, "parse": "json", "coalesce": false, the parsed value read as a Python
-object. aiohttp and httpx run C worker coroutines over one client with C
+C, "parse": "json", "coalesce": false; each response's parsed value is read
+as a Python object when it completes. aiohttp and httpx run C worker coroutines over one client with C
 connections, each awaiting response.json(). Every URL is distinct (?i=k).
 Prints one JSON object on stdout; a failed request is an error.
 """
@@ -20,10 +20,30 @@ async def run_fetchq(url: str, n: int, c: int) -> None:
     import fetchq
     async with fetchq.AsyncEngine(max_per_host=c) as engine:
         q = engine.queue("p4", max_concurrent=c)
-        futs = [q.request("GET", f"{url}?i={i}", parse="json", coalesce=False) for i in range(n)]
-        for r in await asyncio.gather(*futs):
-            if r.status != 200 or "items" not in r.json():
-                raise SystemExit(f"py_bench fetchq: bad response {r.status}")
+        # Each response is checked as it completes and then dropped, as the
+        # aiohttp and httpx workers do: holding all N parsed documents until
+        # the end would make Python's cyclic GC scan them over and over
+        # (bench/findings.md, "Fifth round").
+        all_done = asyncio.get_running_loop().create_future()
+        left = n
+
+        def check(fut: "asyncio.Future[fetchq.Response]") -> None:
+            nonlocal left
+            try:
+                r = fut.result()
+                if r.status != 200 or "items" not in r.json():
+                    raise SystemExit(f"py_bench fetchq: bad response {r.status}")
+            except BaseException as e:  # noqa: BLE001 - handed to the awaiting coroutine
+                if not all_done.done():
+                    all_done.set_exception(e)
+                return
+            left -= 1
+            if left == 0:
+                all_done.set_result(None)
+
+        for i in range(n):
+            q.request("GET", f"{url}?i={i}", parse="json", coalesce=False).add_done_callback(check)
+        await all_done
 
 
 async def run_aiohttp(url: str, n: int, c: int) -> None:
