@@ -1242,3 +1242,95 @@ TEST(http_transfer_threads_end_small_responses) {
     fqt_engine_free(e);
     fqt_server_stop(&s);
 }
+
+/* Identical GETs under churn. Each round submits 6 identical GETs of a 40 ms
+ * /delay over 3 queues (the first one runs the shared transfer, the others
+ * attach to it), then does one of: nothing; cancel the first at once; cancel
+ * the first once the server has the request (it hands the running transfer
+ * over); cancel three of the others; cancel all six; give the first a
+ * dependency on a block operation of a suspended queue (it leaves the
+ * transfer to the others and later runs its own). Every operation gets
+ * exactly one callback; one whose fq_cancel returned FQ_OK ended CANCELLED;
+ * every other one succeeded with the server's answer; and the server saw one
+ * request per round (none or one when all six were cancelled, two when the
+ * first got a dependency): a transfer is never sent again. */
+enum { CHURN_ROUNDS = 36, CHURN_OPS = 6 };
+
+TEST(http_coalesced_gets_exactly_once_under_cancels) {
+    fqt_server s;
+    fqt_server_start(&s, NULL);
+    fq_engine *e = fqt_engine("{\"max_per_host\": 8}");
+    fq_queue *qs[3] = {fqt_queue(e, "a", 2), fqt_queue(e, "b", 2), fqt_queue(e, "c", 2)};
+    fq_queue *held = fqt_queue(e, "held", 1);
+    static const char *prio[3] = {"{\"priority\": -4}", NULL, "{\"priority\": 4}"};
+    char url[256];
+    for (int round = 0; round < CHURN_ROUNDS; round++) {
+        int action = round % 6;
+        netrec r[CHURN_OPS];
+        memset(r, 0, sizeof r);
+        fq_op_id id[CHURN_OPS];
+        int cancel_rc[CHURN_OPS];
+        for (int i = 0; i < CHURN_OPS; i++) cancel_rc[i] = -1;
+        rec blocker;
+        memset(&blocker, 0, sizeof blocker);
+        fq_op_id blocker_id = 0;
+        if (action == 5) {
+            /* the first one stays queued: its queue is suspended */
+            CHECK_OK(fq_queue_set_suspended(qs[round % 3], true));
+            CHECK_OK(fq_queue_set_suspended(held, true));
+            blocker_id = fqt_block(held, body_noop, NULL, rec_done, &blocker);
+            REQUIRE(blocker_id > 0);
+        }
+        fqt_server_reset(&s);
+        snprintf(url, sizeof url, "%s/delay?ms=40&round=%d", s.base, round);
+        for (int i = 0; i < CHURN_OPS; i++) {
+            id[i] = submit_url(qs[(i + round) % 3], NULL, url, prio[(i * 7 + round) % 3], &r[i]);
+            REQUIRE(id[i] > 0);
+        }
+        switch (action) {
+        case 1: cancel_rc[0] = fq_cancel(e, id[0]); break;
+        case 2:
+            CHECK(WAIT_UNTIL(fqt_server_stat(&s, "in_flight") >= 1, 5000));
+            cancel_rc[0] = fq_cancel(e, id[0]);
+            break;
+        case 3:
+            for (int i = 1; i < CHURN_OPS; i += 2) cancel_rc[i] = fq_cancel(e, id[i]);
+            break;
+        case 4:
+            for (int i = CHURN_OPS - 1; i >= 0; i--) cancel_rc[i] = fq_cancel(e, id[i]);
+            break;
+        case 5:
+            CHECK_OK(fq_add_dependency(e, id[0], blocker_id));
+            /* the others finish without it, also the one attached from the
+             * suspended queue */
+            for (int i = 1; i < CHURN_OPS; i++) CHECK(WAIT_UNTIL(atomic_load(&r[i].r.calls) == 1, FQT_LONG_MS));
+            CHECK_EQ_INT(atomic_load(&r[0].r.calls), 0);
+            CHECK_OK(fq_queue_set_suspended(qs[round % 3], false));
+            CHECK_OK(fq_queue_set_suspended(held, false));
+            break;
+        default: break;
+        }
+        CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));
+        for (int i = 0; i < CHURN_OPS; i++) {
+            REQUIRE(atomic_load(&r[i].r.calls) == 1);
+            if (cancel_rc[i] == FQ_OK) {
+                if (r[i].r.outcome != FQ_CANCELLED)
+                    FAILF("round %d (action %d) op %d: cancelled with FQ_OK but ended %d", round, action, i,
+                          r[i].r.outcome);
+            } else if (r[i].r.outcome != FQ_SUCCEEDED || fqt_int(r[i].r.value, "delayed", -1) != 40) {
+                FAILF("round %d (action %d) op %d: outcome %d status %d %s (cancel %d)", round, action, i,
+                      r[i].r.outcome, r[i].r.status, r[i].r.error, cancel_rc[i]);
+            }
+            netrec_clear(&r[i]);
+        }
+        long long requests = fqt_server_stat(&s, "requests");
+        if (action == 4 ? requests > 1 : requests != (action == 5 ? 2 : 1))
+            FAILF("round %d (action %d): the server saw %lld requests", round, action, requests);
+        if (action == 5) {
+            CHECK_EQ_INT(atomic_load(&blocker.calls), 1);
+            rec_clear(&blocker);
+        }
+    }
+    fqt_engine_free(e);
+    fqt_server_stop(&s);
+}
