@@ -217,12 +217,14 @@ extension Engine {
             }
         }
         // A shared transfer: every caller still attached gets its own result
-        // from the outcome, on the workers so that they end in parallel.
-        let endCaller: @Sendable (Operation, Bool) -> Void = { [self, outcome, fromCache] caller, onLoop in
+        // from the outcome, on the workers so that they end in parallel. (A
+        // local function: nothing is allocated for it unless a caller is left.)
+        let endOutcome = outcome, endFromCache = fromCache
+        @Sendable func endCaller(_ caller: Operation, _ onLoop: Bool) {
             guard case .network(let callerJob) = caller.body else { return }
             let queueWaitMs = Double(op.startedAt > caller.submittedAt ? op.startedAt - caller.submittedAt : 0) / 1e6
-            let result = callerJob.result(id: caller.id, outcome, queueWaitMs: queueWaitMs, attempts: attempts,
-                                          cancelled: caller.isCancelled, fromCache: fromCache)
+            let result = callerJob.result(id: caller.id, endOutcome, queueWaitMs: queueWaitMs, attempts: attempts,
+                                          cancelled: caller.isCancelled, fromCache: endFromCache)
             continueWith(finishRunning(caller, result, onWorker: true), onLoop: onLoop)
         }
         guard op.carries != nil else {
@@ -238,8 +240,8 @@ extension Engine {
                                          message: (result.message ?? "") + " (the stale cached value is kept as the value)",
                                          value: cached.value, http: result.http)
             }
-            let next = finishRunning(op, result, onWorker: true) { callers in
-                for caller in callers { self.workers.submit(qos: caller.qos) { endCaller(caller, false) } }
+            let next = finishRunning(op, result, onWorker: true) { callers, _ in
+                for caller in callers { workers.submit(qos: caller.qos) { endCaller(caller, false) } }
             }
             continueWith(next, onLoop: onLoop)
             return
@@ -250,10 +252,10 @@ extension Engine {
         let ok = (try? outcome.get()) != nil
         finishRunning(op, OperationResult(id: op.id, outcome: op.isCancelled ? .cancelled : ok ? .succeeded : .failed,
                                           status: op.isCancelled ? .cancelled : ok ? .ok : .network, message: nil,
-                                          value: nil)) { callers in
+                                          value: nil)) { callers, _ in
             here = onLoop ? callers.first : nil
             for caller in callers where caller !== here {
-                self.workers.submit(qos: caller.qos) { endCaller(caller, false) }
+                workers.submit(qos: caller.qos) { endCaller(caller, false) }
             }
         }
         if let here { endCaller(here, true) }

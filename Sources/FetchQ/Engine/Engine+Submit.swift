@@ -177,61 +177,10 @@ extension Engine {
                         callback: Callback) throws(FetchQError) -> OpID {
         // The transfer's max_wait_ms is part of what is shared: callers join
         // only a transfer with the same limit.
-        guard let jobKey = job.coalesceKey, common.dependsOn.isEmpty, !common.barrier else {
-            return try enqueue(.network(job), queue: queue, common: common, host: job.host, callback: callback)
-        }
-        let key = jobKey + " max_wait_ms=\(common.maxWaitMs)"
-        let now = monotonicNanos()
-        var spec = Machine.Spec(queue: queue)
-        spec.priority = common.priority
-        spec.qos = common.qos
-        spec.group = common.group
-        // Made before locking (its id is set under the lock, before anyone
-        // else can see it).
-        let op = Operation(id: 0, queue: queue, qos: common.qos, body: .network(job), callback: callback, engine: self,
-                           submittedAt: now)
-        lock.lock()
-        guard !shuttingDown else {
-            lock.unlock()
-            throw FetchQError(.shutdown, "the engine is being freed")
-        }
-        var actions: [Machine.Action] = []
-        let existing = coalesced[key]
-        if existing != nil {
-            spec.attached = true
-        } else {
-            // The leading caller: an ordinary operation with its own limits.
-            spec.host = job.host
-            if common.maxWaitMs > 0 { spec.startDeadline = now + UInt64(common.maxWaitMs) * 1_000_000 }
-        }
-        let submitted = machine.submit(spec, now: now, into: &actions)
-        guard case .success(let id) = submitted else {
-            lock.unlock()
-            if case .failure(let error) = submitted { throw error }
-            fatalError("unreachable")
-        }
-        op.id = id
-        if let shared = existing {
-            op.shared = shared
-            shared.callers.append(op)
-            if common.priority.rawValue > shared.priority.rawValue {
-                shared.priority = common.priority
-                if case .success(let more) = machine.setPriority(shared.carrier, common.priority, now: now) { actions += more }
-            }
-        } else {
-            let shared = SharedTransfer(key: key, priority: common.priority, maxWaitMs: common.maxWaitMs)
-            shared.carrier = id
-            op.leads = shared
-            coalesced[key] = shared
-        }
-        live[id] = op
-        outstanding[queue] += 1
-        outstandingTotal += 1
-        let work = resolve(actions)
-        lock.unlock()
-        if !work.isEmpty { execute(work) }
-        if spec.startDeadline != nil { timer.kick() }
-        return id
+        let key = common.dependsOn.isEmpty && !common.barrier
+            ? job.coalesceKey.map { $0 + " max_wait_ms=\(common.maxWaitMs)" } : nil
+        return try enqueue(.network(job), queue: queue, common: common, host: job.host, callback: callback,
+                           sharing: key)
     }
 
     /// Receives progress events of operations submitted with "progress".
@@ -239,8 +188,11 @@ extension Engine {
         lock.withLock { eventHandler = handler }
     }
 
+    /// Submits an operation to the state machine. With `key` (a coalescible
+    /// GET), it attaches to the identical transfer in flight if there is
+    /// one (no slot, host or deadline of its own), else it leads a new one.
     func enqueue(_ body: OperationBody, queue: QueueID, common: CommonOptions, host: String?,
-                 callback: Callback) throws(FetchQError) -> OpID {
+                 callback: Callback, sharing key: String? = nil) throws(FetchQError) -> OpID {
         let now = monotonicNanos()
         var spec = Machine.Spec(queue: queue)
         spec.priority = common.priority
@@ -261,6 +213,12 @@ extension Engine {
             throw FetchQError(.shutdown, "the engine is being freed")
         }
         var actions: [Machine.Action] = []
+        let existing = key.flatMap { coalesced[$0] }
+        if existing != nil {
+            spec.attached = true
+            spec.host = nil
+            spec.startDeadline = nil
+        }
         let submitted = machine.submit(spec, now: now, into: &actions)
         guard case .success(let id) = submitted else {
             lock.unlock()
@@ -268,6 +226,19 @@ extension Engine {
             fatalError("unreachable")
         }
         op.id = id
+        if let shared = existing {
+            op.shared = shared
+            shared.callers.append(op)
+            if common.priority.rawValue > shared.priority.rawValue {
+                shared.priority = common.priority
+                if case .success(let more) = machine.setPriority(shared.carrier, common.priority, now: now) { actions += more }
+            }
+        } else if let key {
+            let shared = SharedTransfer(key: key, priority: common.priority, maxWaitMs: common.maxWaitMs)
+            shared.carrier = id
+            op.leads = shared
+            coalesced[key] = shared
+        }
         live[id] = op
         outstanding[queue] += 1
         outstandingTotal += 1

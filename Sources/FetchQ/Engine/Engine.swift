@@ -532,7 +532,7 @@ public final class Engine: @unchecked Sendable {
     /// returned (see `execute`); nil otherwise.
     @discardableResult
     func finishRunning(_ op: Operation, _ result: OperationResult, onWorker: Bool = false,
-                       endCallers: (([Operation]) -> Void)? = nil) -> Operation? {
+                       endCallers: ([Operation], OperationResult) -> Void = Engine.endCallersAlike) -> Operation? {
         lock.lock()
         // A leading caller cancelled while its transfer ran for others: the
         // carrier that took the transfer over ends instead (the leader has
@@ -573,18 +573,7 @@ public final class Engine: @unchecked Sendable {
             resolve(familyActions.isEmpty ? actions : familyActions + actions, into: &work)
         }
         lock.unlock()
-        if !callers.isEmpty {
-            if let endCallers {
-                endCallers(callers)
-            } else {
-                // Ended before a response (the transport could not start):
-                // the callers end the same way.
-                for caller in callers {
-                    finishRunning(caller, OperationResult(id: caller.id, outcome: result.outcome, status: result.status,
-                                                          message: result.message, value: nil))
-                }
-            }
-        }
+        if !callers.isEmpty { endCallers(callers, result) }
         if !inlineBatch.isEmpty {
             // Start what this end unblocked before running the callbacks.
             let next = execute(work, selfPickup: onWorker)
@@ -595,6 +584,17 @@ public final class Engine: @unchecked Sendable {
             logger.info("operation failed", metadata: ["id": "\(op.id)", "status": "\(result.status)", "error": "\(result.message ?? "")"])
         }
         return execute(work, selfPickup: onWorker)
+    }
+
+    /// `finishRunning`'s default for the callers of a shared transfer that
+    /// ended before a response (the transport could not start): they end
+    /// the same way.
+    static func endCallersAlike(_ callers: [Operation], _ result: OperationResult) {
+        for caller in callers {
+            caller.engine.finishRunning(caller, OperationResult(id: caller.id, outcome: result.outcome,
+                                                                status: result.status, message: result.message,
+                                                                value: nil))
+        }
     }
 
     /// After a callback returned.
