@@ -381,10 +381,12 @@ fq_op_id fq_submit_async(fq_queue *queue, fq_async_fn fn, const json_t *options,
  *                the server sees one request; each operation still gets its
  *                own callback and result. The first caller runs the shared
  *                transfer in its queue (the others hold no slot) at the
- *                highest priority of its callers. Cancelling one caller
- *                detaches only it, the first included: a running transfer
- *                goes on for the others, a queued one is queued in the next
- *                caller's queue; the transfer is cancelled when the last
+ *                highest priority of its callers (fq_set_priority on the
+ *                first caller does not take it below the others'). Cancelling
+ *                one caller detaches only it, the first included: a running
+ *                transfer goes on for the others (and is still retried under
+ *                the first caller's "retry"), a queued one is queued in the
+ *                next caller's queue; the transfer is cancelled when the last
  *                caller cancels. A first caller given a dependency by
  *                fq_add_dependency leaves the transfer to the others. false:
  *                its own transfer;

@@ -18,6 +18,9 @@ import Testing
 
     func resetStats() throws { _ = try server.get("/stats/reset") }
 
+    /// The paths of the requests the server received, in arrival order.
+    func arrivals() throws -> [String] { try stats().at("/arrivals")?.elements.compactMap(\.stringValue) ?? [] }
+
     func seconds(_ body: () throws -> Void) rethrows -> Double {
         let start = monotonicNanos()
         try body()
@@ -229,8 +232,7 @@ import Testing
             queue.setSuspended(false)
             #expect(c.waitAll([normal, low, high]) != nil)
         }
-        let arrivals = try stats().at("/arrivals")?.elements.compactMap(\.stringValue) ?? []
-        #expect(arrivals == ["/echo?n=2", "/echo?n=1"])
+        #expect(try arrivals() == ["/echo?n=2", "/echo?n=1"])
     }
 
     @Test func aCancelledLeaderLeavesItsRunningTransferToTheOthers() throws {
@@ -251,6 +253,57 @@ import Testing
             #expect(engine.stats().at("/running")?.integerValue == 0)
         }
         #expect(try requests(to: "/delay") == 1)  // not sent again
+    }
+
+    @Test func aTransferHandedOverIsStillRetried() throws {
+        try resetStats()
+        let key = "handed-\(monotonicNanos())"
+        try withEngine { engine, queue, c in
+            let url = #"{"url": "\#(server.url("/flaky?key=\(key)&fail=1&ms=300"))"}"#
+            let retry = #"{"retry": {"max": 2, "base": 0.01}}"#
+            let a = try engine.request(url, options: retry, on: queue, c)
+            let b = try engine.request(url, options: retry, on: queue, c)
+            for _ in 0..<200 where try stats().at("/in_flight")?.integerValue != 1 { usleep(10_000) }
+            try engine.cancel(a)  // while the first attempt (a 503) is on its way
+            #expect(c.wait(a, timeoutMs: 2000)?.outcome == .cancelled)
+            let rb = try #require(c.wait(b))
+            #expect(rb.outcome == .succeeded)
+            #expect(rb.http?.status == 200)
+            #expect(rb.value?.at("/attempt")?.integerValue == 2)
+            #expect(rb.http?.metrics?.at("/attempts")?.integerValue == 2)
+            #expect(c.completionOrder == [a, b])
+            #expect(engine.waitIdle(timeoutMs: 5000) == .ok)
+            #expect(engine.stats().at("/running")?.integerValue == 0)
+        }
+        #expect(try requests(to: "/flaky") == 2)
+    }
+
+    @Test func aLeaderCannotLowerItsTransferBelowItsCallers() throws {
+        try resetStats()
+        try withEngine(queue: 1) { engine, queue, c in
+            queue.setSuspended(true)
+            let normal = try engine.request(#"{"url": "\#(server.url("/echo?n=1"))"}"#, on: queue, c)
+            let leader = try engine.request(#"{"url": "\#(server.url("/echo?n=2"))"}"#, on: queue, c)
+            let high = try engine.request(#"{"url": "\#(server.url("/echo?n=2"))"}"#, options: #"{"priority": "high"}"#, on: queue, c)
+            try engine.setPriority(leader, .veryLow)  // its own; the transfer stays at high for `high`
+            queue.setSuspended(false)
+            #expect(c.waitAll([normal, leader, high]) != nil)
+        }
+        #expect(try arrivals() == ["/echo?n=2", "/echo?n=1"])
+    }
+
+    @Test func aLeaderThatLoweredItselfIsLiftedByALaterCaller() throws {
+        try resetStats()
+        try withEngine(queue: 1) { engine, queue, c in
+            queue.setSuspended(true)
+            let leader = try engine.request(#"{"url": "\#(server.url("/echo?n=2"))"}"#, options: #"{"priority": "high"}"#, on: queue, c)
+            try engine.setPriority(leader, .veryLow)
+            let normal = try engine.request(#"{"url": "\#(server.url("/echo?n=1"))"}"#, on: queue, c)
+            let caller = try engine.request(#"{"url": "\#(server.url("/echo?n=2"))"}"#, options: #"{"priority": "high"}"#, on: queue, c)
+            queue.setSuspended(false)
+            #expect(c.waitAll([leader, normal, caller]) != nil)
+        }
+        #expect(try arrivals() == ["/echo?n=2", "/echo?n=1"])
     }
 
     /// The leading caller is cancelled, or its queue closed, before its

@@ -706,6 +706,11 @@ def test_flaky(port):
     got = [get_json(port, "/flaky?key=%s-b&fail=1&status=500" % key)[0] for _ in range(2)]
     assert got == [500, 200]
     assert get_json(port, "/flaky?key=%s-c&fail=0" % key)[0] == 200
+    t0 = time.monotonic()
+    got = [get_json(port, "/flaky?key=%s-d&fail=1&ms=150" % key) for _ in range(2)]
+    assert [s for s, _ in got] == [503, 200]
+    assert [b["attempt"] for _, b in got] == [1, 2]
+    assert time.monotonic() - t0 >= 0.3
 
 
 def test_retry_after_seconds(port):

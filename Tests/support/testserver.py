@@ -812,10 +812,18 @@ class Routes:
         key = req.query.get("key", "")
         fail = qint(req.query, "fail", 1, 0, 1_000_000)
         status = qint(req.query, "status", 503, 200, 599)
-        i = STATS.bump("flaky", key)
+        ms = qint(req.query, "ms", 0, 0, MAX_DELAY_MS)
+        i = STATS.bump("flaky", key)  # counted on arrival, before any delay
         if i <= fail:
-            return jresp({"error": "flaky", "attempt": i}, status)
-        return jresp({"attempt": i})
+            resp = jresp({"error": "flaky", "attempt": i}, status)
+        else:
+            resp = jresp({"attempt": i})
+        return self.later(conn, ms, resp) if ms else resp
+
+    @staticmethod
+    async def later(conn, ms, resp):
+        await conn.sleep_or_gone(ms / 1000.0)
+        return resp
 
     def retry_after(self, conn, req):
         key = req.query.get("key", "")

@@ -168,6 +168,9 @@ extension Engine {
     /// A transfer ended: retry it, or turn it into the result(s).
     func transferEnded(_ op: Operation, _ job: NetworkJob, _ outcome: Result<HTTPResponse, TransportError>,
                        attempts: Int, cache context: CacheContext?, fromCache: Bool = false, onLoop: Bool = false) {
+        // A leading caller cancelled while its transfer ran for others: the
+        // carrier that took the transfer over retries it or ends it.
+        let op = op.isCancelled ? (lock.withLock { op.handedTo } ?? op) : op
         var outcome = outcome
         var fromCache = fromCache
         if let context, let cache = httpCache, case .success(let response) = outcome {

@@ -229,6 +229,7 @@ extension Engine {
         if let shared = existing {
             op.shared = shared
             shared.callers.append(op)
+            shared.liftCallers(to: common.priority)
             if common.priority.rawValue > shared.priority.rawValue {
                 shared.priority = common.priority
                 if case .success(let more) = machine.setPriority(shared.carrier, common.priority, now: now) { actions += more }

@@ -160,13 +160,23 @@ public final class Engine: @unchecked Sendable {
     public func setPriority(_ id: OpID, _ priority: Priority) throws(FetchQError) {
         try runThrowing { m in
             let now = monotonicNanos()
-            var result = m.setPriority(id, priority, now: now)
+            var own = priority
+            let leads = live[id]?.leads.flatMap { $0.done ? nil : $0 }
+            if let leads {
+                // The leading caller runs the transfer for its callers too: it
+                // does not go below the highest priority one of them asked for.
+                if let floor = leads.callersPriority, floor.rawValue > own.rawValue { own = floor }
+            }
+            var result = m.setPriority(id, own, now: now)
+            if case .success = result, let leads { leads.priority = own }
             // A coalesced caller lifts its shared transfer to its priority.
-            if case .success(var actions) = result, let shared = live[id]?.shared, !shared.done,
-               priority.rawValue > shared.priority.rawValue {
-                shared.priority = priority
-                if case .success(let more) = m.setPriority(shared.carrier, priority, now: now) { actions += more }
-                result = .success(actions)
+            if case .success(var actions) = result, let shared = live[id]?.shared, !shared.done {
+                shared.liftCallers(to: priority)
+                if priority.rawValue > shared.priority.rawValue {
+                    shared.priority = priority
+                    if case .success(let more) = m.setPriority(shared.carrier, priority, now: now) { actions += more }
+                    result = .success(actions)
+                }
             }
             return result
         }

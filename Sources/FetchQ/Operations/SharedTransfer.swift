@@ -3,7 +3,8 @@
 ///
 /// The first caller runs the transfer itself, as an ordinary operation of its
 /// queue (it "leads": `Operation.leads`); later callers attach to it and hold
-/// no slot. The transfer runs at the highest priority among its callers. A
+/// no slot. The transfer runs at the highest priority among its callers (the
+/// leading caller can lower its own, not the transfer below the others'). A
 /// caller that cancels is detached. When the leading caller is cancelled while
 /// others still wait, an engine-internal carrier operation takes the transfer
 /// over: a running transfer goes on uninterrupted (the carrier inherits the
@@ -20,6 +21,9 @@ final class SharedTransfer: @unchecked Sendable {
     /// The callers attached to the transfer (not the leading caller).
     var callers: [Operation] = []
     var priority: Priority
+    /// The highest priority an attached caller asked for (at submit or with
+    /// `fq_set_priority`): the leading caller cannot lower the transfer below it.
+    var callersPriority: Priority? = nil
     /// The callers' "max_wait_ms" (part of the key: the same for all of them).
     let maxWaitMs: Int
     /// The transfer ended: no more callers may attach.
@@ -29,5 +33,10 @@ final class SharedTransfer: @unchecked Sendable {
         self.key = key
         self.priority = priority
         self.maxWaitMs = maxWaitMs
+    }
+
+    /// An attached caller asked for `priority`.
+    func liftCallers(to priority: Priority) {
+        if callersPriority.map({ priority.rawValue > $0.rawValue }) ?? true { callersPriority = priority }
     }
 }
