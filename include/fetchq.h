@@ -386,10 +386,10 @@ fq_op_id fq_submit_async(fq_queue *queue, fq_async_fn fn, const json_t *options,
  *                one caller detaches only it, the first included: a running
  *                transfer goes on for the others (and is still retried under
  *                the first caller's "retry"), a queued one is queued in the
- *                next caller's queue; the transfer is cancelled when the last
- *                caller cancels. A first caller given a dependency by
- *                fq_add_dependency leaves the transfer to the others. false:
- *                its own transfer;
+ *                next caller's queue at the callers' priority; the transfer
+ *                is cancelled when the last caller cancels. A first caller
+ *                given a dependency by fq_add_dependency leaves the transfer
+ *                to the others. false: its own transfer;
  *   "cache"      how a GET (without a body) or a search uses the engine's HTTP
  *                cache: "default" (a fresh entry answers at once with no
  *                request; a stale one is revalidated with a conditional

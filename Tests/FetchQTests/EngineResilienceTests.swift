@@ -306,6 +306,22 @@ import Testing
         #expect(try arrivals() == ["/echo?n=2", "/echo?n=1"])
     }
 
+    @Test func aCarrierQueuedForTheCallersRunsAtTheirPriorityNotTheLeaders() throws {
+        try resetStats()
+        try withEngine(queue: 1) { engine, queue, c in
+            queue.setSuspended(true)
+            let leader = try engine.request(#"{"url": "\#(server.url("/echo?n=2"))"}"#, options: #"{"priority": "very-high"}"#, on: queue, c)
+            let low = try engine.request(#"{"url": "\#(server.url("/echo?n=2"))"}"#, options: #"{"priority": "low"}"#, on: queue, c)
+            let normal = try engine.request(#"{"url": "\#(server.url("/echo?n=1"))"}"#, on: queue, c)
+            try engine.cancel(leader)
+            #expect(c.wait(leader)?.outcome == .cancelled)
+            queue.setSuspended(false)
+            let results = try #require(c.waitAll([low, normal]))
+            #expect(results.allSatisfy { $0.outcome == .succeeded })
+        }
+        #expect(try arrivals() == ["/echo?n=1", "/echo?n=2"])
+    }
+
     /// The leading caller is cancelled, or its queue closed, before its
     /// transfer ran: the callers left still get the one transfer.
     @Test(arguments: ["cancel", "close"])

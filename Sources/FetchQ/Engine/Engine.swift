@@ -359,7 +359,7 @@ public final class Engine: @unchecked Sendable {
         for caller in shared.callers {
             guard case .network(let job) = caller.body else { continue }
             var spec = Machine.Spec(queue: caller.queue)
-            spec.priority = shared.priority
+            spec.priority = shared.callersPriority ?? shared.priority  // theirs, not the leader's
             spec.qos = caller.qos
             spec.host = job.host
             spec.isInternal = true
