@@ -134,8 +134,10 @@ enum JSONSuiteFiles {
     }
 
     /// The `.json` file names in the suite directory, sorted.
-    static func names() throws -> [String] {
-        let path = try directory()
+    static func names() throws -> [String] { try jsonFiles(in: directory()) }
+
+    /// Every `.json` file name in `path`, sorted.
+    static func jsonFiles(in path: String) throws -> [String] {
         let dir = try #require(opendir(path), "cannot open \(path)")
         defer { closedir(dir) }
         var names: [String] = []

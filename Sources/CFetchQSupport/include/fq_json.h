@@ -21,4 +21,17 @@ enum {
  * unbalanced or unterminated input) is left to jansson. */
 int fqs_json_prescan(const unsigned char *bytes, size_t len, long max_depth, long *where);
 
+/* jansson's JSON_PARSER_MAX_DEPTH in the installed build (jansson_config.h);
+ * the tests check that the two agree. */
+#define FQS_JANSSON_MAX_DEPTH 2048
+
+/* 1 when JSONParser.parse(bytes, maxDepth: max_depth) would succeed, else 0.
+ * One pass, no allocation, no value built: the pre-scan's rules (raw NUL,
+ * nesting past max_depth, negative max_depth treated as 0, empty input) and
+ * jansson 2.14's json_loadb with JSON_DECODE_ANY | JSON_ALLOW_NUL (strict
+ * UTF-8, \u surrogate pairing, no \u0000 in object keys, integers within
+ * int64, reals that do not overflow a double, its own nesting limit). See
+ * json_validate.c for each rule. */
+int fqs_json_valid(const unsigned char *bytes, size_t len, long max_depth);
+
 #endif

@@ -102,6 +102,17 @@ public enum JSONParser {
         return try result.get()
     }
 
+    /// Whether `parse(bytes, maxDepth:)` would succeed, found without
+    /// building a value (one pass, no allocation: `fqs_json_valid`).
+    public static func isValid(_ bytes: UnsafeRawBufferPointer, maxDepth: Int) -> Bool {
+        fqs_json_valid(bytes.baseAddress?.assumingMemoryBound(to: UInt8.self), bytes.count, maxDepth) == 1
+    }
+
+    /// Whether `parse(bytes, maxDepth:)` would succeed (see the `UnsafeRawBufferPointer` overload).
+    public static func isValid(_ bytes: [UInt8], maxDepth: Int) -> Bool {
+        bytes.withUnsafeBytes { isValid($0, maxDepth: maxDepth) }
+    }
+
     /// Parses `bytes` (see the `UnsafeRawBufferPointer` overload).
     public static func parse(_ bytes: [UInt8], maxDepth: Int) throws(JSONParseError) -> JSONRef {
         let result: Result<JSONRef, JSONParseError> = bytes.withUnsafeBytes { raw in

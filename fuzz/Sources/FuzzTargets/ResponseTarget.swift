@@ -21,12 +21,16 @@ public enum ResponseTarget {
 
     public static func run(_ data: UnsafeRawBufferPointer) {
         let doc: JSONRef
+        // "lazy_parse" trusts the validator to agree with the parse exactly.
+        let valid = JSONParser.isValid(data, maxDepth: defaultDepth)
         do {
             doc = try JSONParser.parse(data, maxDepth: defaultDepth)
         } catch {
+            require(!valid, "fqs_json_valid accepts what JSONParser.parse rejects: \(error)")
             checkParseError(error, data)
             return
         }
+        require(valid, "fqs_json_valid rejects what JSONParser.parse accepts")
         checkParsed(doc, data)
         for (results, id, sort) in endpoints {
             searchValue(doc, query: "q", results: results, id: id, sort: sort)
