@@ -423,9 +423,16 @@ fq_op_id fq_submit_async(fq_queue *queue, fq_async_fn fn, const json_t *options,
  *              and sent with Content-Type: application/json unless set)
  * Extra options: "parse": "auto" (default: parse when the response's
  * Content-Type is JSON) | "json" (always; invalid JSON is FQ_ERR_PARSE) |
- * "none"; "accept_status": statuses that count as success besides 2xx, as
- * numbers (404) or classes ("4xx"). Any other status ends FQ_FAILED with
- * FQ_ERR_HTTP; status, headers, body (and value, if it parsed) stay readable. */
+ * "none"; "lazy_parse": false (default) | true: the body is still checked
+ * when the response arrives (invalid JSON is FQ_ERR_PARSE, as without it),
+ * but its value is built only when fq_result_value() is first called on the
+ * result (by the callback, or by a dependent reading its dependency): for
+ * callers that read the body themselves and rarely the value, it saves
+ * jansson's parse (the check is much cheaper; fq_result_has_value() says
+ * whether there is a value); "accept_status": statuses that count as success
+ * besides 2xx, as numbers (404) or classes ("4xx"). Any other status ends
+ * FQ_FAILED with FQ_ERR_HTTP; status, headers, body (and value, if it
+ * parsed) stay readable. */
 fq_op_id fq_submit_request(fq_queue *queue, const json_t *request, const json_t *options,
                            fq_completion_fn done, void *userdata);
 
@@ -592,8 +599,15 @@ int fq_result_status(const fq_result *result);
 const char *fq_result_error(const fq_result *result);
 /* The operation's value: a block's return value, an async op's finish
  * value, a parsed response, a search's {"query","items","count"}. BORROWED:
- * valid during the callback (json_incref it to keep it). NULL if none. */
+ * valid during the callback (json_incref it to keep it). NULL if none.
+ * A request submitted with "lazy_parse" parses its body on the first call
+ * (on the calling thread; later calls, from any thread, return the same
+ * value). */
 json_t *fq_result_value(const fq_result *result);
+
+/* Whether fq_result_value() would return a value, without parsing the body
+ * of a "lazy_parse" request. */
+bool fq_result_has_value(const fq_result *result);
 
 
 /* ------------------------------------------------------------------ */

@@ -94,6 +94,9 @@ public func fq_result_value(_ handle: OpaquePointer?) -> UnsafeMutablePointer<js
 }
 
 @c @implementation
+public func fq_result_has_value(_ handle: OpaquePointer?) -> Bool { result(handle)?.hasValue ?? false }
+
+@c @implementation
 public func fq_submit_request(_ handle: OpaquePointer?, _ request: UnsafePointer<json_t>?, _ options: UnsafePointer<json_t>?,
                               _ done: fq_completion_fn?, _ userdata: UnsafeMutableRawPointer?) -> fq_op_id {
     guard let q = queue(handle) else { return fq_op_id(fail(nullHandle)) }

@@ -96,6 +96,33 @@ import Testing
         #expect(result.http?.headers?.at("/set-cookie")?.stringValue == "a=1, b=2")
         #expect(result.http?.metrics?.at("/from_cache")?.boolValue == false)
     }
+
+    /// "lazy_parse": the result says it has a value without building it; the
+    /// first read builds it, every read (from any thread) returns that one.
+    @Test func aLazyValueIsBuiltOnceOnFirstRead() throws {
+        var job = NetworkJob(request: HTTPRequest(url: "http://example.test/x"), host: "example.test:80",
+                             maxJSONDepth: 64)
+        job.lazyParse = true
+        for _ in 0..<20 {
+            let result = job.result(id: 8, .success(Self.response()), queueWaitMs: 0, attempts: 1, cancelled: false)
+            #expect(result.outcome == .succeeded)
+            #expect(result.hasValue)
+            #expect(result.http?.lazyValueDepth == 64)
+            let seen = TestCollector<UInt>()
+            runThreads(6) { _ in seen.add(UInt(bitPattern: result.value?.pointer)) }
+            let all = try #require(seen.wait(for: 6, timeout: 10))
+            #expect(Set(all).count == 1 && all[0] != 0)
+            #expect(result.value?.dumps() == #"{"k":[1,2]}"#)
+        }
+        // Not JSON: the same failure as an eager parse, no value.
+        var bad = Self.response()
+        bad.body = Array("{\"k\": [1, 2]".utf8)
+        let failed = job.result(id: 9, .success(bad), queueWaitMs: 0, attempts: 1, cancelled: false)
+        job.lazyParse = false
+        let eager = job.result(id: 9, .success(bad), queueWaitMs: 0, attempts: 1, cancelled: false)
+        #expect(failed.status == .parse && !failed.hasValue && failed.value == nil)
+        #expect(failed.message == eager.message)
+    }
 }
 
 /// Submit-side keys and defaults that were rewritten for speed keep their values.

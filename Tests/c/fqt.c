@@ -552,6 +552,7 @@ void net_done(const fq_result *res, void *userdata) {
     if (atomic_load(&n->r.calls) == 0) {
         n->http_status = fq_result_http_status(res);
         n->from_cache = fq_result_from_cache(res);
+        n->has_value = fq_result_has_value(res);
         json_t *h = fq_result_headers(res);
         n->headers = h ? json_incref(h) : NULL;
         json_t *m = fq_result_metrics(res);

@@ -183,6 +183,7 @@ typedef struct netrec {
     unsigned char *body; /* malloc'ed copy (NUL-terminated), NULL if none */
     size_t body_len;
     bool from_cache;    /* fq_result_from_cache() */
+    bool has_value;     /* fq_result_has_value(), read before fq_result_value() */
 } netrec;
 
 void net_done(const fq_result *res, void *userdata);

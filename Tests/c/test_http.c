@@ -827,6 +827,7 @@ TEST(http_rejected_at_submit_never_called_back) {
         {"{\"max_redirects\": true}", "max_redirects a boolean", "max_redirects"},
         {"{\"parse\": 1}", "parse a number", "parse"},
         {"{\"parse\": \"yaml\"}", "unknown parse mode", "parse"},
+        {"{\"lazy_parse\": 1}", "lazy_parse a number", "lazy_parse"},
         {"{\"accept_status\": 404}", "accept_status not an array", "accept_status"},
         {"{\"accept_status\": [\"4xy\"]}", "bad status class", "accept_status"},
         {"{\"verify_tls\": \"no\"}", "verify_tls a string", "verify_tls"},
@@ -983,7 +984,10 @@ static int cmp_names(const void *a, const void *b) {
     return strcmp(((const suite_file *)a)->name, ((const suite_file *)b)->name);
 }
 
-TEST_T(http_jsontestsuite_files, 180) {
+/* Every JSONTestSuite file served over HTTP with "parse": "json", eagerly or
+ * with "lazy_parse" (then the value is built by the fq_result_value() call in
+ * rec_done, after fq_result_has_value() was recorded): the same outcomes. */
+static void check_suite_over_http(bool lazy) {
     const char *dir = fqt_jsontestsuite_dir();
     REQUIRE(dir != NULL);
     DIR *d = opendir(dir);
@@ -1011,7 +1015,8 @@ TEST_T(http_jsontestsuite_files, 180) {
     fqt_server_start(&s, dir);
     fq_engine *e = fqt_engine("{\"max_per_host\": 8}");
     fq_queue *q = fqt_queue(e, "q", 8);
-    const char *opts = "{\"parse\": \"json\", \"max_json_depth\": 100000}";
+    const char *opts = lazy ? "{\"parse\": \"json\", \"max_json_depth\": 100000, \"lazy_parse\": true}"
+                            : "{\"parse\": \"json\", \"max_json_depth\": 100000}";
     for (int i = 0; i < nf; i++) {
         char enc[800], url[1024];
         snprintf(url, sizeof url, "%s/file/%s", s.base, fqt_pct(files[i].name, enc, sizeof enc));
@@ -1052,6 +1057,7 @@ TEST_T(http_jsontestsuite_files, 180) {
                                           JSON_DECODE_ANY | JSON_ALLOW_NUL, NULL);
                 if (want && !json_equal(want, r->r.value))
                     FAILF("%s: the value differs from jansson's parse of the body", nm);
+                if (!r->has_value) FAILF("%s: fq_result_has_value() is false", nm);
                 json_decref(want);
             }
             y++;
@@ -1074,8 +1080,125 @@ TEST_T(http_jsontestsuite_files, 180) {
     CHECK_EQ_INT(fqt_stat(e, "submitted", -1), nf);
     CHECK_EQ_INT(fqt_server_stat(&s, "requests"), nf);
     h_note("%d y_, %d n_, %d i_", y, nn, ii);
-    for (int i = 0; i < nf; i++) netrec_clear(&files[i].n);
+    for (int i = 0; i < nf; i++) {
+        if (files[i].n.r.outcome == FQ_FAILED && files[i].n.has_value)
+            FAILF("%s: failed, yet fq_result_has_value() is true", files[i].name);
+        netrec_clear(&files[i].n);
+    }
     free(files);
+    fqt_engine_free(e);
+    fqt_server_stop(&s);
+}
+
+TEST_T(http_jsontestsuite_files, 180) { check_suite_over_http(false); }
+
+TEST_T(http_jsontestsuite_files_lazy_parse, 180) { check_suite_over_http(true); }
+
+/* Records what a completion sees of a "lazy_parse" result without reading
+ * its value (so that a dependent is the first to read it). */
+typedef struct lazyrec {
+    rec r;
+    bool has_value;
+    char error[256];
+} lazyrec;
+
+static void lazy_done(const fq_result *res, void *userdata) {
+    lazyrec *l = userdata;
+    l->has_value = fq_result_has_value(res);
+    l->r.id = fq_result_op_id(res);
+    l->r.outcome = (int)fq_result_outcome(res);
+    l->r.status = fq_result_status(res);
+    const char *err = fq_result_error(res);
+    snprintf(l->error, sizeof l->error, "%s", err ? err : "");
+    atomic_fetch_add(&l->r.calls, 1);
+}
+
+/* A dependent reads a "lazy_parse" dependency: the value is built there. */
+static json_t *body_read_lazy_dependency(fq_op *op, void *userdata) {
+    rec *r = userdata;
+    const fq_result *dep = fq_op_dependency(op, r->dep);
+    if (!dep) return json_string("no dependency result");
+    if (!fq_result_has_value(dep)) return json_string("no value said");
+    json_t *first = fq_result_value(dep);
+    if (!first) return json_string("no value built");
+    if (fq_result_value(dep) != first) return json_string("a second read built another value");
+    if (fq_op_dependency_result(op, r->dep) != first) return json_string("fq_op_dependency_result differs");
+    size_t len = 0;
+    const unsigned char *body = fq_result_body(dep, &len);
+    json_t *want = body ? json_loadb((const char *)body, len, 0, NULL) : NULL;
+    bool same = want && json_equal(want, first);
+    json_decref(want);
+    return same ? json_incref(first) : json_string("the value is not the body's parse");
+}
+
+TEST(http_lazy_parse_builds_the_value_on_first_read) {
+    fqt_server s;
+    fqt_server_start(&s, NULL);
+    fq_engine *e = fqt_engine(NULL);
+    fq_queue *q = fqt_queue(e, "q", 1);
+    char url_buf_[256];
+
+    /* a JSON response: checked at the end, built by the dependent's read */
+    lazyrec l;
+    memset(&l, 0, sizeof l);
+    json_t *req = json_pack("{s:s}", "url", URL(&s, "/json?size=300"));
+    json_t *opt = fqt_json("{\"lazy_parse\": true}");
+    fq_op_id id = fq_submit_request(q, req, opt, lazy_done, &l);
+    REQUIRE(id > 0);
+    json_decref(opt);
+    rec dep;
+    memset(&dep, 0, sizeof dep);
+    dep.dep = id;
+    char deps[64];
+    snprintf(deps, sizeof deps, "{\"depends_on\": [%lld]}", (long long)id);
+    REQUIRE(fqt_block(q, body_read_lazy_dependency, deps, rec_done, &dep) > 0);
+    CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));
+    CHECK_EQ_INT(atomic_load(&l.r.calls), 1);
+    CHECK_EQ_INT(l.r.outcome, FQ_SUCCEEDED);
+    CHECK(l.has_value);
+    CHECK_EQ_INT(atomic_load(&dep.calls), 1);
+    CHECK_EQ_INT(dep.outcome, FQ_SUCCEEDED);
+    if (!json_is_object(dep.value)) {
+        FAILF("the dependent saw: %s", json_is_string(dep.value) ? json_string_value(dep.value) : "no value");
+    } else {
+        CHECK(json_is_array(json_object_get(dep.value, "items")));
+    }
+    rec_clear(&dep);
+
+    /* invalid JSON: the same failure, and the same message, as without it */
+    const char *modes[] = {"{\"parse\": \"json\", \"lazy_parse\": true}", "{\"parse\": \"json\"}"};
+    lazyrec bad[2];
+    memset(bad, 0, sizeof bad);
+    json_decref(req);
+    req = json_pack("{s:s}", "url", URL(&s, "/bytes?n=300"));
+    for (int i = 0; i < 2; i++) {
+        opt = fqt_json(modes[i]);
+        REQUIRE(fq_submit_request(q, req, opt, lazy_done, &bad[i]) > 0);
+        json_decref(opt);
+    }
+    CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));
+    for (int i = 0; i < 2; i++) {
+        CHECK_EQ_INT(atomic_load(&bad[i].r.calls), 1);
+        CHECK_EQ_INT(bad[i].r.outcome, FQ_FAILED);
+        CHECK_EQ_INT(bad[i].r.status, FQ_ERR_PARSE);
+        CHECK(!bad[i].has_value);
+    }
+    CHECK(strstr(bad[0].error, "not valid JSON") != NULL);
+    CHECK_STR(bad[0].error, bad[1].error);
+
+    /* parse "none", or a response that is not JSON with "auto": no value */
+    const char *none[][2] = {{"/json?size=50", "{\"parse\": \"none\", \"lazy_parse\": true}"},
+                             {"/bytes?n=20", "{\"lazy_parse\": true}"}};
+    for (int i = 0; i < 2; i++) {
+        netrec n;
+        fetch(e, q, NULL, URL(&s, none[i][0]), none[i][1], &n);
+        expect(&n, FQ_SUCCEEDED, FQ_OK, none[i][1]);
+        CHECK(!n.has_value);
+        CHECK(n.r.value == NULL);
+        CHECK(n.body != NULL);
+        netrec_clear(&n);
+    }
+    json_decref(req);
     fqt_engine_free(e);
     fqt_server_stop(&s);
 }

@@ -14,8 +14,12 @@ public final class OperationResult: @unchecked Sendable {
     /// use (a cancel-all ends many operations whose messages nobody reads).
     private let reason: EndReason?
     public var message: String? { reason?.message(for: id) }
-    /// The operation's value (nil if none).
-    public let value: JSONRef?
+    /// The operation's value (nil if none). A request with "lazy_parse"
+    /// parses its body here, on first read.
+    public var value: JSONRef? { storedValue ?? http?.lazyValue }
+    /// Whether `value` is non-nil, without parsing a lazy value.
+    public var hasValue: Bool { storedValue != nil || http?.lazyValueDepth != nil }
+    private let storedValue: JSONRef?
     /// `message` as a C string, made on first use (see `messageCString`).
     private let cMessage = Atomic<UInt>(0)
     /// Status, headers, body and metrics of network operations; nil otherwise.
@@ -31,7 +35,7 @@ public final class OperationResult: @unchecked Sendable {
         self.outcome = outcome
         self.status = status
         self.reason = message.map { .text($0) }
-        self.value = value
+        self.storedValue = value
         self.valueOwner = value == nil ? nil : ReleaseList.current
     }
 
@@ -42,7 +46,7 @@ public final class OperationResult: @unchecked Sendable {
         self.outcome = outcome
         self.status = status
         self.reason = reason
-        self.value = nil
+        self.storedValue = nil
         self.valueOwner = nil
     }
 
@@ -66,8 +70,8 @@ public final class OperationResult: @unchecked Sendable {
 
     deinit {
         free(UnsafeMutablePointer<CChar>(bitPattern: cMessage.load(ordering: .acquiring)))
-        if let valueOwner, let value, valueOwner !== ReleaseList.current {
-            _ = valueOwner.take(value)
+        if let valueOwner, let storedValue, valueOwner !== ReleaseList.current {
+            _ = valueOwner.take(storedValue)
         }
     }
 }

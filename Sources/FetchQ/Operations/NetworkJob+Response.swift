@@ -21,6 +21,11 @@ public struct HTTPInfo: Sendable {
     public var body: [UInt8] { details.body }
     /// Timing and size (see `fq_result_metrics`). Built on first read.
     public var metrics: JSONRef? { details.metrics }
+    /// Option "lazy_parse": the body was checked as JSON (at this depth
+    /// limit) and its value is parsed on first read; nil otherwise.
+    var lazyValueDepth: Int? = nil
+    /// The lazily parsed body, built on first read and then shared.
+    var lazyValue: JSONRef? { lazyValueDepth.flatMap { details.value(maxDepth: $0) } }
 
     /// A transfer that produced no response: metrics only.
     init(queueWaitMs: Double, attempts: Int) {
@@ -58,6 +63,7 @@ final class HTTPDetails: Sendable {
     /// 0, or the bit pattern of an `Unmanaged<JSONRef>` holding one retain.
     private let builtHeaders = Atomic<UInt>(0)
     private let builtMetrics = Atomic<UInt>(0)
+    private let builtValue = Atomic<UInt>(0)
     /// 0, or the bit pattern of a `body.count`-byte allocation.
     private let builtBody = Atomic<UInt>(0)
 
@@ -71,18 +77,21 @@ final class HTTPDetails: Sendable {
     }
 
     deinit {
-        for word in [builtHeaders.load(ordering: .acquiring), builtMetrics.load(ordering: .acquiring)] {
+        for word in [builtHeaders.load(ordering: .acquiring), builtMetrics.load(ordering: .acquiring),
+                     builtValue.load(ordering: .acquiring)] {
             if let p = UnsafeRawPointer(bitPattern: word) { Unmanaged<JSONRef>.fromOpaque(p).release() }
         }
         UnsafeMutableRawPointer(bitPattern: builtBody.load(ordering: .acquiring))?.deallocate()
     }
 
-    /// The object published in `slot`, building and publishing it first if needed.
-    private static func shared(_ slot: borrowing Atomic<UInt>, _ make: () -> JSONRef) -> JSONRef {
+    /// The object published in `slot`, building and publishing it first if
+    /// needed (nil, and nothing published, when `make` gives nil).
+    private static func shared(_ slot: borrowing Atomic<UInt>, _ make: () -> JSONRef?) -> JSONRef? {
         if let p = UnsafeRawPointer(bitPattern: slot.load(ordering: .acquiring)) {
             return Unmanaged<JSONRef>.fromOpaque(p).takeUnretainedValue()
         }
-        let made = Unmanaged.passRetained(make())
+        guard let value = make() else { return nil }
+        let made = Unmanaged.passRetained(value)
         let (won, current) = slot.compareExchange(
             expected: 0, desired: UInt(bitPattern: made.toOpaque()), ordering: .acquiringAndReleasing)
         if won { return made.takeUnretainedValue() }
@@ -102,6 +111,12 @@ final class HTTPDetails: Sendable {
             if headerList != nil { m.set("from_cache", JSONRef.bool(fromCache)) }
             return m
         }
+    }
+
+    /// The body parsed (option "lazy_parse"). It was checked at the end of
+    /// the transfer, so this only fails if jansson ran out of memory.
+    func value(maxDepth: Int) -> JSONRef? {
+        Self.shared(builtValue) { try? JSONParser.parse(body, maxDepth: maxDepth) }
     }
 
     var bodyBytes: UnsafeBufferPointer<UInt8>? {
@@ -137,7 +152,7 @@ extension NetworkJob {
             return OperationResult(id: id, outcome: .failed, status: Self.status(of: error.kind),
                                    message: "\(request.method) \(request.url): \(error.message)", value: nil, http: info)
         case .success(let response):
-            let info = HTTPInfo(response, queueWaitMs: queueWaitMs, attempts: attempts, fromCache: fromCache)
+            var info = HTTPInfo(response, queueWaitMs: queueWaitMs, attempts: attempts, fromCache: fromCache)
             if cancelled {
                 return OperationResult(id: id, outcome: .cancelled, status: .cancelled,
                                        message: "operation \(id) was cancelled", value: nil, http: info)
@@ -146,10 +161,16 @@ extension NetworkJob {
             var value: JSONRef? = nil
             var parseError: String? = nil
             if shouldParse(response) {
-                do {
-                    value = try JSONParser.parse(response.body, maxDepth: maxJSONDepth)
-                } catch {
-                    parseError = "\(request.url): the response is not valid JSON: \(error)"
+                if lazyParse && search == nil && JSONParser.isValid(response.body, maxDepth: maxJSONDepth) {
+                    // Checked, not built: the value is parsed when first read.
+                    info.lazyValueDepth = maxJSONDepth
+                } else {
+                    // (Also when the check said no: jansson's parse gives the message.)
+                    do {
+                        value = try JSONParser.parse(response.body, maxDepth: maxJSONDepth)
+                    } catch {
+                        parseError = "\(request.url): the response is not valid JSON: \(error)"
+                    }
                 }
             }
             guard accepted else {

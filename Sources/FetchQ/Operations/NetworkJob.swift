@@ -10,6 +10,9 @@ public struct NetworkJob: Sendable {
     /// host:port, for the per-host limit.
     var host: String
     var parse: Parse = .auto
+    /// Option "lazy_parse": check the body at the end of the transfer, parse
+    /// it into a value only when the value is first read.
+    var lazyParse = false
     /// Statuses that count as success (default 200...299).
     var accept: [ClosedRange<Int>] = [200...299]
     var maxJSONDepth: Int
@@ -186,6 +189,7 @@ extension NetworkJob {
         let settings = try NetworkSettings(reading: &r, config: config)
         var job = try settings.job(url: url, method: method, headers: headers, body: body)
         if let p = try r.choice("parse", ["auto", "json", "none"]) { job.parse = Parse(rawValue: p)! }
+        if let lazy = try r.bool("lazy_parse") { job.lazyParse = lazy }
         if let v = r.value("accept_status") { job.accept += try acceptList(v, r.path("accept_status")) }
         return job
     }
