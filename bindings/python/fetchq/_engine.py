@@ -219,11 +219,16 @@ class Response(_HeldHTTPParts):
         length = ctypes.c_size_t(0)
         address = L.fq_result_body(result, ctypes.byref(length))
         self.body = ctypes.string_at(address, length.value) if address and length.value else b""
-        vptr = L.fq_result_value(result)
+        if value_is_body and core.has_lazy_parse:
+            # not fq_result_value: that would build a "lazy_parse" value
+            vptr = None
+            self._has_value = bool(L.fq_result_has_value(result))
+        else:
+            vptr = L.fq_result_value(result)
+            self._has_value = bool(vptr)
         hptr = L.fq_result_headers(result)
         mptr = L.fq_result_metrics(result)
-        self._has_value = bool(vptr)
-        self._value = _PENDING if vptr else None
+        self._value = _PENDING if self._has_value else None
         self._headers = _PENDING if hptr else {}
         self._metrics = _PENDING if mptr else {}
         if value_is_body:
@@ -626,6 +631,9 @@ class _Core:
         self.lib = _ffi.lib()
         self.has_http = self.lib.has("fq_result_http_status")
         self.has_from_cache = self.lib.has("fq_result_from_cache")
+        # requests ask for "lazy_parse": json() parses the body in Python, so
+        # the engine only checks it (its value is built if something reads it)
+        self.has_lazy_parse = self.lib.has("fq_result_has_value")
         # option objects reused across submits; cleared when the engine is freed
         self.json_cache = _ffi.JsonCache()
         self.mode = mode
@@ -1236,7 +1244,10 @@ class Queue:
         a JSON body (Content-Type: application/json); ``data`` (str or UTF-8
         bytes) is sent as is. Non-UTF-8 bytes raise TypeError: the C request
         carries the body as a JSON string. ``options``: parse ("auto", "json",
-        "none"), accept_status, timeout_ms, retry, coalesce, cache, ... and
+        "none"), lazy_parse (default True here: the engine checks the body but
+        builds its own value only if a dependent reads it; ``json()`` parses
+        the body in Python either way), accept_status, timeout_ms, retry,
+        coalesce, cache, ... and
         every common option. With ``cache="stale-while-revalidate"``,
         ``on_update(response)`` gets the cached :class:`Response` (its
         ``from_cache`` is True) before the future resolves with the fresh one."""
@@ -1279,6 +1290,8 @@ class Queue:
         state.on_update = on_update
         L = self._core.lib
         cb_done = self._core.completion_cb
+        if self._core.has_lazy_parse and "lazy_parse" not in options:
+            options["lazy_parse"] = True
         try:
             opts = self._options(options, progress)
         except BaseException:

@@ -233,6 +233,7 @@ FUNCTIONS: List[_Decl] = [
     ("fq_result_status", c_int, [c_void_p], None),
     ("fq_result_error", c_char_p, [c_void_p], None),
     ("fq_result_value", c_void_p, [c_void_p], None),  # json_t * as an int
+    ("fq_result_has_value", c_bool, [c_void_p], None),
     ("fq_result_http_status", c_long, [c_void_p], None),
     ("fq_result_headers", c_void_p, [c_void_p], None),
     ("fq_result_body", c_void_p, [c_void_p, POINTER(c_size_t)], None),

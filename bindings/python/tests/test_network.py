@@ -450,3 +450,24 @@ def test_many_requests_keep_alive(net_engine: fetchq.Engine, server: Server) -> 
     assert all(f.result(timeout=60).status == 200 for f in futs)
     st = server.stats()
     assert st["requests"] == 300 and st["connections_total"] <= 12
+
+
+def test_requests_check_the_body_and_build_the_engine_value_only_when_read(
+        net_engine: fetchq.Engine, server: Server) -> None:
+    """Requests ask the engine for "lazy_parse" (json() parses the body in
+    Python): the body is still checked, and a dependent still gets the value."""
+    q = net_engine.queue("lazy-parse")
+    lazy = q.get(server.url("/json?size=400")).result(timeout=TIMEOUT)
+    eager = q.get(server.url("/json?size=400"), lazy_parse=False, coalesce=False).result(timeout=TIMEOUT)
+    assert lazy.parsed and eager.parsed
+    assert lazy.json() == eager.json() and len(lazy.json()["items"]) > 0
+    for lazy_parse in (True, False):
+        with pytest.raises(fetchq.ParseError, match="not valid JSON"):
+            q.get(server.url("/bytes?n=64"), parse="json", lazy_parse=lazy_parse).result(timeout=TIMEOUT)
+    plain = q.get(server.url("/json?size=50"), parse="none").result(timeout=TIMEOUT)
+    assert not plain.parsed and plain.json()["items"] is not None
+    fetch = q.get(server.url("/json?size=200"), coalesce=False)
+    seen = q.submit(lambda op: op.dependency_result(fetch), pass_op=True, depends_on=fetch)
+    assert seen.result(timeout=TIMEOUT) == fetch.result().json()
+    with pytest.raises(fetchq.InvalidArgument, match="lazy_parse"):
+        q.get(server.url("/json"), lazy_parse="yes")
