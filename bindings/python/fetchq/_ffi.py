@@ -485,8 +485,9 @@ def to_json_or_null(value: Optional[Dict[str, Any]], what: str) -> Any:
 
 
 class JsonCache:
-    """NEW ``json_t *`` objects for option dicts, keyed by their JSON text,
-    so that submitting the same options again skips jansson's parse.
+    """NEW ``json_t *`` objects for option dicts, keyed by their contents
+    (see _flat_key) or their JSON text, so that submitting the same options
+    again skips serializing them and jansson's parse.
 
     The library only reads options during a submit call (it copies what it
     keeps), so one object serves every submit, also concurrent ones. Holds at
@@ -497,7 +498,7 @@ class JsonCache:
 
     def __init__(self, limit: int = 256) -> None:
         self.limit = limit
-        self.entries: Dict[bytes, Any] = {}
+        self.entries: Dict[Any, Any] = {}   # _flat_key tuple or JSON text -> json_t *
         self.closed = False
         self.lock = threading.Lock()
 
@@ -507,15 +508,21 @@ class JsonCache:
         (None when ``ptr`` belongs to the cache). (None, None) for None."""
         if value is None:
             return None, None
-        data = _dumps(value, what)
-        ptr = self.entries.get(data)
+        key: Any = _flat_key(value)
+        ptr = self.entries.get(key) if key is not None else None
         if ptr is not None:
             return ptr, None
+        data = _dumps(value, what)
+        if key is None:
+            key = data
+            ptr = self.entries.get(key)
+            if ptr is not None:
+                return ptr, None
         ptr = _loadb(data, what)
         if cacheable and len(self.entries) < self.limit:
             with self.lock:
-                if not self.closed and data not in self.entries and len(self.entries) < self.limit:
-                    self.entries[data] = ptr
+                if not self.closed and key not in self.entries and len(self.entries) < self.limit:
+                    self.entries[key] = ptr
                     return ptr, None
         return ptr, ptr
 
@@ -525,6 +532,20 @@ class JsonCache:
             entries, self.entries = self.entries, {}
         for ptr in entries.values():
             decref(ptr)
+
+
+def _flat_key(value: Dict[str, Any]) -> Optional[Tuple[Any, ...]]:
+    """A cache key for an options dict whose values are all str, int, bool or
+    None (the common case), without serializing it: each value with its exact
+    type, since True == 1 but "true" is not "1" in JSON. None otherwise (the
+    JSON text is the key then)."""
+    key = []
+    for k, v in value.items():
+        t = type(v)
+        if type(k) is not str or (t is not str and t is not bool and t is not int and v is not None):
+            return None
+        key.append((k, t, v))
+    return tuple(key)
 
 
 def request_json(method: str, url: str) -> Any:

@@ -414,6 +414,17 @@ def test_options_objects_are_cached_per_engine(server: Server) -> None:
             q.get(url, parse="yaml")                                 # the library checks it
         with pytest.raises(fetchq.InvalidArgument):
             q.get(url, parse="yaml")                                 # also when cached
+        # Flat options are keyed without serializing them, by value and exact
+        # type: True is cached, and 1 (not a JSON boolean) is still refused.
+        assert q.get(url, coalesce=True, parse="none").result(timeout=TIMEOUT).status == 200
+        with pytest.raises(fetchq.InvalidArgument, match="coalesce"):
+            q.get(url, coalesce=1, parse="none")
+        # Nested options are keyed by their JSON text.
+        for _ in range(2):
+            assert q.get(url, coalesce=False, retry={"max": 1}).result(timeout=TIMEOUT).status == 200
+        keys = list(core.json_cache.entries)
+        # json, none, coalesce=False, yaml, coalesce=True, coalesce=1 and retry
+        assert sum(isinstance(k, bytes) for k in keys) == 1 and len(keys) == 7
         entries = list(core.json_cache.entries.values())
         assert all(_ffi.refcount(p) == 1 for p in entries)
     assert core.json_cache.entries == {} and core.json_cache.closed
