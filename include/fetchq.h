@@ -609,6 +609,16 @@ json_t *fq_result_value(const fq_result *result);
  * of a "lazy_parse" request. */
 bool fq_result_has_value(const fq_result *result);
 
+/* Keeps `result` — and everything its accessors hand out, now or later —
+ * valid after the callback, body or event that was lent it, until
+ * fq_result_release(). Returns `result` (NULL for NULL). For bindings that
+ * read parts of a result later: fq_result_headers() and fq_result_metrics()
+ * build their objects on first call, so a retained result costs nothing for
+ * the parts never read. Thread-safe; each retain needs one release. */
+const fq_result *fq_result_retain(const fq_result *result);
+/* Drops one retain (NULL is a no-op). Any thread. */
+void fq_result_release(const fq_result *result);
+
 
 /* ------------------------------------------------------------------ */
 /* Item store                                                           */

@@ -97,6 +97,19 @@ public func fq_result_value(_ handle: OpaquePointer?) -> UnsafeMutablePointer<js
 public func fq_result_has_value(_ handle: OpaquePointer?) -> Bool { result(handle)?.hasValue ?? false }
 
 @c @implementation
+public func fq_result_retain(_ handle: OpaquePointer?) -> OpaquePointer? {
+    guard let handle else { return nil }
+    _ = Unmanaged<OperationResult>.fromOpaque(UnsafeRawPointer(handle)).retain()
+    return handle
+}
+
+@c @implementation
+public func fq_result_release(_ handle: OpaquePointer?) {
+    guard let handle else { return }
+    Unmanaged<OperationResult>.fromOpaque(UnsafeRawPointer(handle)).release()
+}
+
+@c @implementation
 public func fq_submit_request(_ handle: OpaquePointer?, _ request: UnsafePointer<json_t>?, _ options: UnsafePointer<json_t>?,
                               _ done: fq_completion_fn?, _ userdata: UnsafeMutableRawPointer?) -> fq_op_id {
     guard let q = queue(handle) else { return fq_op_id(fail(nullHandle)) }

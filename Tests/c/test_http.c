@@ -1131,6 +1131,63 @@ static json_t *body_read_lazy_dependency(fq_op *op, void *userdata) {
     return same ? json_incref(first) : json_string("the value is not the body's parse");
 }
 
+static void retain_done(const fq_result *res, void *userdata) {
+    const fq_result **kept = userdata;
+    *kept = fq_result_retain(fq_result_retain(res)); /* two retains: two releases below */
+}
+
+/* A retained result stays readable after its callback, after the engine
+ * forgot it and after the engine is freed; its headers, metrics and lazy
+ * value are built only then. */
+TEST(http_retained_result_outlives_its_callback) {
+    fqt_server s;
+    fqt_server_start(&s, NULL);
+    fq_engine *e = fqt_engine("{\"history\": 1, \"history_values\": 1}");
+    fq_queue *q = fqt_queue(e, "q", 1);
+    char url_buf_[256];
+    const fq_result *kept = NULL;
+    json_t *req = json_pack("{s:s}", "url", URL(&s, "/json?size=500"));
+    json_t *opt = fqt_json("{\"lazy_parse\": true}");
+    fq_op_id id = fq_submit_request(q, req, opt, retain_done, &kept);
+    REQUIRE(id > 0);
+    json_decref(req);
+    json_decref(opt);
+    CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));
+    REQUIRE(kept != NULL);
+    for (int i = 0; i < 3; i++) { /* push it out of the engine's history */
+        rec r;
+        memset(&r, 0, sizeof r);
+        REQUIRE(fqt_block(q, body_noop, NULL, rec_done, &r) > 0);
+        CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));
+        rec_clear(&r);
+    }
+    fqt_engine_free(e);
+    fqt_server_stop(&s);
+
+    CHECK_EQ_INT(fq_result_op_id(kept), id);
+    CHECK_EQ_INT(fq_result_outcome(kept), FQ_SUCCEEDED);
+    CHECK_EQ_INT(fq_result_http_status(kept), 200);
+    CHECK(fq_result_error(kept) == NULL);
+    CHECK(fq_result_has_value(kept));
+    size_t len = 0;
+    const unsigned char *body = fq_result_body(kept, &len);
+    REQUIRE(body != NULL && len >= 500);
+    json_t *headers = fq_result_headers(kept);
+    CHECK_JSTR(headers, "content-type", "application/json");
+    json_t *metrics = fq_result_metrics(kept);
+    CHECK_EQ_INT(json_integer_value(json_object_get(metrics, "bytes")), (long long)len);
+    json_t *want = json_loadb((const char *)body, len, 0, NULL);
+    json_t *value = fq_result_value(kept);
+    CHECK(value != NULL && json_equal(want, value));
+    CHECK(fq_result_value(kept) == value && fq_result_headers(kept) == headers);
+    json_decref(want);
+    fq_result_release(kept);
+    CHECK(fq_result_value(kept) == value); /* one retain left */
+    fq_result_release(kept);
+    fq_result_release(NULL);
+    CHECK(fq_result_retain(NULL) == NULL);
+}
+
 TEST(http_lazy_parse_builds_the_value_on_first_read) {
     fqt_server s;
     fqt_server_start(&s, NULL);

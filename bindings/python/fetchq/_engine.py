@@ -115,7 +115,10 @@ def _convert_held(obj: Any, slot: str, ptr_slot: str, empty: Any) -> Any:
     with _LAZY_LOCK:
         value = getattr(obj, slot)
         if value is _PENDING:
-            value = _ffi.from_json(getattr(obj, ptr_slot))
+            ptr = getattr(obj, ptr_slot)
+            if callable(ptr):   # an accessor of the held fq_result (see _from_result)
+                ptr = ptr(obj._hold.address)
+            value = _ffi.from_json(ptr)
             if value is None:
                 value = empty
             setattr(obj, slot, value)
@@ -219,6 +222,17 @@ class Response(_HeldHTTPParts):
         length = ctypes.c_size_t(0)
         address = L.fq_result_body(result, ctypes.byref(length))
         self.body = ctypes.string_at(address, length.value) if address and length.value else b""
+        if value_is_body and core.has_result_retain:
+            # Keep the fq_result itself: its headers and metrics are built
+            # (in C too) only if read, and its value is the body's parse.
+            self._has_value = bool(L.fq_result_has_value(result))
+            self._value = _PENDING if self._has_value else None
+            self._headers = self._metrics = _PENDING
+            self._vptr = 0
+            self._hptr = L.fq_result_headers
+            self._mptr = L.fq_result_metrics
+            self._hold = _ffi.hold_result(result)
+            return self
         if value_is_body and core.has_lazy_parse:
             # not fq_result_value: that would build a "lazy_parse" value
             vptr = None
@@ -634,6 +648,8 @@ class _Core:
         # requests ask for "lazy_parse": json() parses the body in Python, so
         # the engine only checks it (its value is built if something reads it)
         self.has_lazy_parse = self.lib.has("fq_result_has_value")
+        # responses keep the fq_result, not its parts (built only if read)
+        self.has_result_retain = self.lib.has("fq_result_retain")
         # option objects reused across submits; cleared when the engine is freed
         self.json_cache = _ffi.JsonCache()
         self.mode = mode

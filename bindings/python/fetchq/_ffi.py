@@ -234,6 +234,8 @@ FUNCTIONS: List[_Decl] = [
     ("fq_result_error", c_char_p, [c_void_p], None),
     ("fq_result_value", c_void_p, [c_void_p], None),  # json_t * as an int
     ("fq_result_has_value", c_bool, [c_void_p], None),
+    ("fq_result_retain", c_void_p, [c_void_p], None),
+    ("fq_result_release", None, [c_void_p], None),
     ("fq_result_http_status", c_long, [c_void_p], None),
     ("fq_result_headers", c_void_p, [c_void_p], None),
     ("fq_result_body", c_void_p, [c_void_p, POINTER(c_size_t)], None),
@@ -605,17 +607,39 @@ def hold(*ptrs: Any) -> Any:
     return holder
 
 
+class ResultHold:
+    """A retained ``fq_result`` (see :func:`hold_result`)."""
+
+    __slots__ = ("address",)
+
+    def __init__(self, address: int) -> None:
+        self.address = address
+
+
+def hold_result(result: int) -> ResultHold:
+    """Keeps a BORROWED ``fq_result`` (and what its accessors return, also
+    later) valid past the call that lent it (``fq_result_retain``). The
+    caller owns the hold: exactly one :func:`release` drops it."""
+    holder = ResultHold(lib().fq_result_retain(result))
+    _HELD[id(holder)] = holder
+    return holder
+
+
 def release(holder: Any) -> None:
     """Frees an array made by :func:`hold`, dropping its references (the
     array is ours alone, so json_delete is exactly its json_decref; jansson
-    then decrefs each element atomically). Safe from any thread."""
+    then decrefs each element atomically), or drops a :func:`hold_result`.
+    Safe from any thread."""
     if not holder or _HELD.pop(id(holder), None) is not holder:
         return      # not ours, or released already: never free twice
-    lib().jansson.json_delete(holder)
+    if type(holder) is ResultHold:
+        lib().fq_result_release(holder.address)
+    else:
+        lib().jansson.json_delete(holder)
 
 
 def held_count() -> int:
-    """How many hold() arrays are alive (for tests)."""
+    """How many hold() arrays and hold_result() holds are alive (for tests)."""
     return len(_HELD)
 
 

@@ -459,3 +459,16 @@ def test_hold_and_release_count_references() -> None:
     assert _ffi.hold(None, 0) == 0
     _ffi.decref(a)
     _ffi.decref(b)
+
+
+def test_a_response_keeps_its_result_and_builds_headers_and_metrics_only_when_read(server: Server) -> None:
+    with fetchq.Engine() as engine:
+        r = engine.queue("held").get(server.url("/json?size=100")).result(timeout=TIMEOUT)
+        assert isinstance(r._hold, _ffi.ResultHold) and callable(r._hptr) and callable(r._mptr)
+    held = _ffi.held_count()
+    # read after the engine is closed: the retained fq_result is still valid
+    assert r.headers["content-type"] == "application/json"
+    assert r._hold != 0                                   # metrics not read yet
+    assert r.metrics["bytes"] == len(r.body) and r.metrics["attempts"] == 1
+    assert r._hold == 0 and _ffi.held_count() == held - 1  # released once both were read
+    assert r.parsed and r.json()["items"] is not None
