@@ -5,8 +5,9 @@
 
 fetchq goes through the binding (bindings/python, AsyncEngine: poll delivery
 on the loop's thread): all N requests submitted to a queue of max_concurrent
-C, "parse": "json", "coalesce": false; each response's parsed value is read
-as a Python object when it completes. aiohttp and httpx run C worker coroutines over one client with C
+C, "parse": "json", "coalesce": false (the binding adds "lazy_parse": the
+engine checks each body, json() parses it in Python); each response's parsed
+value is read as a Python object when it completes. aiohttp and httpx run C worker coroutines over one client with C
 connections, each awaiting response.json(). Every URL is distinct (?i=k).
 Prints one JSON object on stdout; a failed request is an error.
 """

@@ -338,9 +338,11 @@ def main() -> None:
       "one multi handle and C reused easy handles, `json_loadb` on every body. wrk runs "
       f"{meta['wrk_seconds']} s per round with `-t2 -cC` on one URL and does not parse.")
     w("- **P4**: `bench/py_bench.py`: fetchq through `bindings/python` (`AsyncEngine`, poll delivery on "
-      "the asyncio loop), all N submitted at once, each response checked by a done-callback as it completes "
-      "and then dropped (holding all N parsed responses to the end costs about 50 µs per response in "
-      "Python's cyclic GC: Findings, Fifth round); aiohttp and httpx with C worker coroutines sharing one "
+      "the asyncio loop), all N submitted at once with `parse=\"json\"`, each response checked by a done-callback "
+      "as it completes (`json()`, Python's `json.loads` of the body) and then dropped (holding all N parsed "
+      "responses to the end costs about 50 µs per response in Python's cyclic GC: Findings, Fifth round). "
+      "The binding submits requests with `\"lazy_parse\"`: the engine checks every body as JSON (invalid JSON "
+      "fails the request) but builds no jansson value nobody reads (Findings, Sixth round); aiohttp and httpx with C worker coroutines sharing one "
       f"client limited to C connections, `response.json()` each. N = {meta['p4_n']:,} (not 50 000) to keep "
       "`make bench` within its time budget: httpx does 500–2 000 req/s here, so 50 000 requests would "
       "take up to 100 s per run.")
