@@ -121,9 +121,14 @@ import Testing
                         "id": "/id", "sort": "/created_at", "order": "desc"}}
             """
         try withEngine(config) { engine, queue, c in
+            // Without options, or with common ones only, the engine's search
+            // settings read once at its creation serve the submit.
+            #expect(engine.defaultSearch?.endpoint.url == server.url("/search?q={query}&rpp=500"))
             let id = try engine.search("swift", on: queue, c)
             let asc = try engine.search("swift", options: #"{"order": "asc"}"#, on: queue, c)
+            let high = try engine.search("swift", options: #"{"priority": "high", "group": "g"}"#, on: queue, c)
             let r = try #require(c.wait(id))
+            #expect(c.wait(high)?.value?.dumps() == r.value?.dumps())
             #expect(r.outcome == .succeeded)
             let value = try #require(r.value)
             #expect(value.at("/query")?.stringValue == "swift")

@@ -69,7 +69,8 @@ extension Engine {
     public func submitSearch(_ query: String, to queue: Queue, options: UnsafePointer<json_t>?,
                              callback: Callback) throws(FetchQError) -> OpID {
         let (common, job) = try readOptions(options) { (r: inout OptionReader) throws(FetchQError) in
-            try NetworkJob.makeSearch(query, options: &r, config: config, openStore: store(path:))
+            if r.allRead, let template = defaultSearch { return try template.job(for: query) }
+            return try NetworkJob.makeSearch(query, options: &r, config: config, openStore: store(path:))
         }
         return try enqueueNetwork(job, queue: queue.id, common: common, callback: callback)
     }

@@ -17,6 +17,10 @@ public final class Engine: @unchecked Sendable {
     typealias Machine = SchedulerStateMachine<OperationResult>
 
     public let config: EngineConfig
+    /// The search settings of a submit whose options hold only common keys
+    /// (or none): they depend on the config alone, so they are read once.
+    /// Nil when the config has no "search" (such a submit must name a url).
+    let defaultSearch: SearchTemplate?
     /// The engine's logger (swift-log), at config "log"'s level.
     public let logger: Logger
     let logSink = LogSink()
@@ -49,6 +53,12 @@ public final class Engine: @unchecked Sendable {
 
     public init(config: EngineConfig) throws(FetchQError) {
         self.config = config
+        // (A config that fails here fails every such submit instead, with its message.)
+        var none = try OptionReader(nil, context: "options")
+        defaultSearch = config.search == nil ? nil
+            : try? SearchTemplate(reading: &none, config: config) { (_: String) throws(FetchQError) -> ItemStore in
+                throw FetchQError(.invalid, "no store without options")  // not reached: nothing to read
+            }
         let sink = logSink
         let level = LogLevelName.names.first(where: { $0.0 == config.log })?.1
         var logger = Logger(label: "fetchq") { _ in EngineLogHandler(sink: sink, logLevel: level ?? .critical) }

@@ -44,6 +44,9 @@ struct OptionReader {
 
     func path(_ key: String) -> String { "\(context).\(key)" }
 
+    /// Every key of the object was read (true for no options at all).
+    var allRead: Bool { consumed.count == size }
+
     /// Whether the key is present (without reading it).
     func has(_ key: String) -> Bool {
         guard let object else { return false }
