@@ -18,6 +18,16 @@ import Testing
 
     func resetStats() throws { _ = try server.get("/stats/reset") }
 
+    /// Polls the server (at most 2 s) until it holds exactly one request; stops
+    /// as soon as it does, so that the caller acts while that request is in flight.
+    func waitForOneInFlight() throws -> Bool {
+        for _ in 0..<200 {
+            if try stats().at("/in_flight")?.integerValue == 1 { return true }
+            usleep(10_000)
+        }
+        return false
+    }
+
     /// The paths of the requests the server received, in arrival order.
     func arrivals() throws -> [String] { try stats().at("/arrivals")?.elements.compactMap(\.stringValue) ?? [] }
 
@@ -199,8 +209,7 @@ import Testing
     func twoCallersInFlight(_ path: String, _ engine: Engine, _ queue: Queue, _ c: Completions) throws -> (OpID, OpID) {
         let a = try engine.request(#"{"url": "\#(server.url(path))"}"#, on: queue, c)
         let b = try engine.request(#"{"url": "\#(server.url(path))"}"#, on: queue, c)
-        for _ in 0..<200 where try stats().at("/in_flight")?.integerValue != 1 { usleep(10_000) }
-        #expect(try stats().at("/in_flight")?.integerValue == 1)
+        #expect(try waitForOneInFlight())
         return (a, b)
     }
 
@@ -263,7 +272,7 @@ import Testing
             let retry = #"{"retry": {"max": 2, "base": 0.01}}"#
             let a = try engine.request(url, options: retry, on: queue, c)
             let b = try engine.request(url, options: retry, on: queue, c)
-            for _ in 0..<200 where try stats().at("/in_flight")?.integerValue != 1 { usleep(10_000) }
+            #expect(try waitForOneInFlight())
             try engine.cancel(a)  // while the first attempt (a 503) is on its way
             #expect(c.wait(a, timeoutMs: 2000)?.outcome == .cancelled)
             let rb = try #require(c.wait(b))
