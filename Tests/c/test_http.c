@@ -1128,6 +1128,7 @@ static json_t *body_read_lazy_dependency(fq_op *op, void *userdata) {
     json_t *want = body ? json_loadb((const char *)body, len, 0, NULL) : NULL;
     bool same = want && json_equal(want, first);
     json_decref(want);
+    r->user = (void *)fq_result_retain(dep); /* read again after the body returned */
     return same ? json_incref(first) : json_string("the value is not the body's parse");
 }
 
@@ -1220,6 +1221,12 @@ TEST(http_lazy_parse_builds_the_value_on_first_read) {
     } else {
         CHECK(json_is_array(json_object_get(dep.value, "items")));
     }
+    /* a dependency's result retained in the body: still the same value */
+    const fq_result *kept = dep.user;
+    REQUIRE(kept != NULL);
+    CHECK_EQ_INT(fq_result_op_id(kept), id);
+    CHECK(fq_result_value(kept) != NULL && json_equal(fq_result_value(kept), dep.value));
+    fq_result_release(kept);
     rec_clear(&dep);
 
     /* invalid JSON: the same failure, and the same message, as without it */
