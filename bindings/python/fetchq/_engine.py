@@ -97,6 +97,7 @@ _tls = _Local()
 # stale cached one), searches and block results keep the json_t.
 
 _PENDING: Any = object()          # a lazy field not converted yet
+_RETAIN_BODY_LIMIT = 64 * 1024    # Response keeps its fq_result up to this body size
 _LAZY_LOCK = threading.RLock()    # converting/releasing held json_t (reentrant:
                                   # a finalizer may read another lazy field)
 
@@ -222,9 +223,11 @@ class Response(_HeldHTTPParts):
         length = ctypes.c_size_t(0)
         address = L.fq_result_body(result, ctypes.byref(length))
         self.body = ctypes.string_at(address, length.value) if address and length.value else b""
-        if value_is_body and core.has_result_retain:
+        if value_is_body and core.has_result_retain and length.value <= _RETAIN_BODY_LIMIT:
             # Keep the fq_result itself: its headers and metrics are built
             # (in C too) only if read, and its value is the body's parse.
+            # (It also keeps the library's copy of the body: not for large
+            # bodies, which would then be held twice.)
             self._has_value = bool(L.fq_result_has_value(result))
             self._value = _PENDING if self._has_value else None
             self._headers = self._metrics = _PENDING

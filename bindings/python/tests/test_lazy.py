@@ -472,3 +472,15 @@ def test_a_response_keeps_its_result_and_builds_headers_and_metrics_only_when_re
     assert r.metrics["bytes"] == len(r.body) and r.metrics["attempts"] == 1
     assert r._hold == 0 and _ffi.held_count() == held - 1  # released once both were read
     assert r.parsed and r.json()["items"] is not None
+
+
+def test_a_large_response_does_not_keep_its_result(net_engine: fetchq.Engine, server: Server) -> None:
+    """Keeping the fq_result keeps the library's copy of the body as well:
+    above 64 KiB the response holds its headers and metrics objects instead."""
+    q = net_engine.queue("held")
+    small = q.get(server.url("/bytes?n=%d" % (64 * 1024))).result(timeout=TIMEOUT)
+    large = q.get(server.url("/bytes?n=%d" % (64 * 1024 + 1))).result(timeout=TIMEOUT)
+    assert isinstance(small._hold, _ffi.ResultHold)
+    assert large._hold and not isinstance(large._hold, _ffi.ResultHold)
+    assert len(large.body) == 64 * 1024 + 1 and large.headers["content-length"] == str(64 * 1024 + 1)
+    assert large.metrics["bytes"] == len(large.body) and large._hold == 0
