@@ -26,6 +26,11 @@ import Testing
         #expect(try Self.finishError(#"{}"#, read: ["missing"]) == nil)
         // Reading a key twice counts it once.
         #expect(try Self.finishError(#"{"a": 1, "b": 2}"#, read: ["a", "a", "b"]) == nil)
+        // Beyond the two keys kept inline too, in any order and repeated.
+        let five = #"{"a": 1, "b": 2, "c": 3, "d": 4, "e": 5}"#
+        #expect(try Self.finishError(five, read: ["e", "c", "e", "a", "c", "d", "b"]) == nil)
+        #expect(try Self.finishError(five, read: ["e", "c", "c", "a", "d", "d"]) == #"options: unknown key "b""#)
+        #expect(try Self.finishError(five, read: ["a", "b", "a", "b", "c", "d"]) == #"options: unknown key "e""#)
     }
 
     @Test func theFirstUnreadKeyIsReported() throws {

@@ -11,7 +11,7 @@ struct OptionReader {
     private let object: UnsafeMutablePointer<json_t>?
     let context: String
     /// Keys present in the object that were read, each once.
-    private var consumed: [String] = []
+    private var consumed = ReadKeys()
     /// The object's number of keys: once that many were read, no other key
     /// can be there, and lookups stop asking jansson (a submit asks for a
     /// dozen keys; most options objects hold one or two).
@@ -148,5 +148,28 @@ func jsonTypeName(_ v: UnsafePointer<json_t>) -> String {
     case JSON_TRUE, JSON_FALSE: "a boolean"
     case JSON_NULL: "null"
     default: "an unknown JSON type"
+    }
+}
+
+/// The keys an `OptionReader` has read. The first two are stored inline: most
+/// options objects hold one or two keys, and an array cost an allocation per
+/// submit.
+private struct ReadKeys {
+    private var first: String? = nil
+    private var second: String? = nil
+    private var more: [String] = []
+    private(set) var count = 0
+
+    func contains(_ key: String) -> Bool {
+        first == key || second == key || (count > 2 && more.contains(key))
+    }
+
+    mutating func append(_ key: String) {
+        switch count {
+        case 0: first = key
+        case 1: second = key
+        default: more.append(key)
+        }
+        count += 1
     }
 }
