@@ -230,11 +230,7 @@ extension Engine {
         if let shared = existing {
             op.shared = shared
             shared.callers.append(op)
-            shared.liftCallers(to: common.priority)
-            if common.priority.rawValue > shared.priority.rawValue {
-                shared.priority = common.priority
-                if case .success(let more) = machine.setPriority(shared.carrier, common.priority, now: now) { actions += more }
-            }
+            actions += shared.lift(to: common.priority, in: &machine, now: now)
         } else if let key {
             let shared = SharedTransfer(key: key, priority: common.priority, maxWaitMs: common.maxWaitMs)
             shared.carrier = id

@@ -171,22 +171,14 @@ public final class Engine: @unchecked Sendable {
         try runThrowing { m in
             let now = monotonicNanos()
             var own = priority
+            // The leading caller runs the transfer for its callers too: it
+            // does not go below the highest priority one of them asked for.
             let leads = live[id]?.leads.flatMap { $0.done ? nil : $0 }
-            if let leads {
-                // The leading caller runs the transfer for its callers too: it
-                // does not go below the highest priority one of them asked for.
-                if let floor = leads.callersPriority, floor.rawValue > own.rawValue { own = floor }
-            }
+            if let floor = leads?.callersPriority, floor.rawValue > own.rawValue { own = floor }
             var result = m.setPriority(id, own, now: now)
             if case .success = result, let leads { leads.priority = own }
-            // A coalesced caller lifts its shared transfer to its priority.
-            if case .success(var actions) = result, let shared = live[id]?.shared, !shared.done {
-                shared.liftCallers(to: priority)
-                if priority.rawValue > shared.priority.rawValue {
-                    shared.priority = priority
-                    if case .success(let more) = m.setPriority(shared.carrier, priority, now: now) { actions += more }
-                    result = .success(actions)
-                }
+            if case .success(let actions) = result, let shared = live[id]?.shared, !shared.done {
+                result = .success(actions + shared.lift(to: priority, in: &m, now: now))
             }
             return result
         }

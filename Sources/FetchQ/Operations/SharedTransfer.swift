@@ -35,8 +35,15 @@ final class SharedTransfer: @unchecked Sendable {
         self.maxWaitMs = maxWaitMs
     }
 
-    /// An attached caller asked for `priority`.
-    func liftCallers(to priority: Priority) {
+    /// With the engine's lock held: an attached caller asked for `priority`
+    /// (at submit or with `fq_set_priority`). It is remembered as a floor for
+    /// the leading caller, and lifts the transfer if it is higher.
+    func lift(to priority: Priority, in machine: inout SchedulerStateMachine<OperationResult>,
+              now: UInt64) -> [SchedulerStateMachine<OperationResult>.Action] {
         if callersPriority.map({ priority.rawValue > $0.rawValue }) ?? true { callersPriority = priority }
+        guard priority.rawValue > self.priority.rawValue else { return [] }
+        self.priority = priority
+        if case .success(let actions) = machine.setPriority(carrier, priority, now: now) { return actions }
+        return []
     }
 }
