@@ -38,13 +38,12 @@ public struct HTTPInfo: Sendable {
         details = HTTPDetails(response: response, queueWaitMs: queueWaitMs, attempts: attempts, fromCache: fromCache)
     }
 
-    /// The body at a stable address for the C ABI (`fq_result_body`), copied
-    /// on first use; nil when the body is empty.
+    /// The body at a stable address for the C ABI (`fq_result_body`); nil
+    /// when the body is empty.
     var bodyBytes: UnsafeBufferPointer<UInt8>? { details.bodyBytes }
 }
 
-/// The response's raw parts, and the JSON objects (and C copy of the body)
-/// made from them on first use.
+/// The response's raw parts, and the JSON objects made from them on first use.
 ///
 /// Each built part is published with a compare-and-swap on an atomic word
 /// (the address of a retained `JSONRef`, or of the body copy): the first
@@ -52,9 +51,16 @@ public struct HTTPInfo: Sendable {
 /// uses the winner's. Atomics rather than `Mutex`, which ThreadSanitizer
 /// cannot see into (see `Locked`), and rather than `Locked`, which would cost
 /// two more allocations per result.
+///
+/// The body is kept in one allocation that never moves, so `fq_result_body`
+/// hands out its address. It is copied there when the result is made, on
+/// the thread that received it, while the bytes are still in that core's
+/// cache; copying on the first `fq_result_body` instead cost a binding's
+/// thread 2.4 µs per 3 KB response (bench/findings.md, "Seventh round").
 final class HTTPDetails: Sendable {
     let headerList: [(name: String, value: String)]?
-    let body: [UInt8]
+    /// Immutable after init; nil when the body is empty.
+    nonisolated(unsafe) private let storage: UnsafeMutableBufferPointer<UInt8>?
     let transfer: TransferMetrics?
     let queueWaitMs: Double
     let attempts: Int
@@ -64,12 +70,16 @@ final class HTTPDetails: Sendable {
     private let builtHeaders = Atomic<UInt>(0)
     private let builtMetrics = Atomic<UInt>(0)
     private let builtValue = Atomic<UInt>(0)
-    /// 0, or the bit pattern of a `body.count`-byte allocation.
-    private let builtBody = Atomic<UInt>(0)
 
     init(response: HTTPResponse?, queueWaitMs: Double, attempts: Int, fromCache: Bool) {
         headerList = response?.headers
-        body = response?.body ?? []
+        if let body = response?.body, !body.isEmpty {
+            let copy = UnsafeMutableBufferPointer<UInt8>.allocate(capacity: body.count)
+            _ = copy.initialize(from: body)
+            storage = copy
+        } else {
+            storage = nil
+        }
         transfer = response?.metrics
         self.queueWaitMs = queueWaitMs
         self.attempts = attempts
@@ -81,8 +91,14 @@ final class HTTPDetails: Sendable {
                      builtValue.load(ordering: .acquiring)] {
             if let p = UnsafeRawPointer(bitPattern: word) { Unmanaged<JSONRef>.fromOpaque(p).release() }
         }
-        UnsafeMutableRawPointer(bitPattern: builtBody.load(ordering: .acquiring))?.deallocate()
+        storage?.deallocate()
     }
+
+    /// A copy of the body.
+    var body: [UInt8] { storage.map { Array($0) } ?? [] }
+
+    /// The body where it is kept (see the type's comment); nil when empty.
+    var bodyBytes: UnsafeBufferPointer<UInt8>? { storage.map { UnsafeBufferPointer($0) } }
 
     /// The object published in `slot`, building and publishing it first if
     /// needed (nil, and nothing published, when `make` gives nil).
@@ -116,23 +132,10 @@ final class HTTPDetails: Sendable {
     /// The body parsed (option "lazy_parse"). It was checked at the end of
     /// the transfer, so this only fails if jansson ran out of memory.
     func value(maxDepth: Int) -> JSONRef? {
-        Self.shared(builtValue) { try? JSONParser.parse(body, maxDepth: maxDepth) }
-    }
-
-    var bodyBytes: UnsafeBufferPointer<UInt8>? {
-        guard !body.isEmpty else { return nil }
-        let count = body.count
-        if let p = UnsafeMutableRawPointer(bitPattern: builtBody.load(ordering: .acquiring)) {
-            return UnsafeBufferPointer(start: p.assumingMemoryBound(to: UInt8.self), count: count)
+        Self.shared(builtValue) {
+            try? JSONParser.parse(UnsafeRawBufferPointer(bodyBytes ?? UnsafeBufferPointer(start: nil, count: 0)),
+                                  maxDepth: maxDepth)
         }
-        let copy = UnsafeMutableBufferPointer<UInt8>.allocate(capacity: count)
-        _ = copy.initialize(from: body)
-        let (won, current) = builtBody.compareExchange(
-            expected: 0, desired: UInt(bitPattern: copy.baseAddress), ordering: .acquiringAndReleasing)
-        if won { return UnsafeBufferPointer(copy) }
-        copy.deallocate()
-        let winner = UnsafeMutableRawPointer(bitPattern: current)!.assumingMemoryBound(to: UInt8.self)
-        return UnsafeBufferPointer(start: winner, count: count)
     }
 }
 
