@@ -103,10 +103,11 @@ _LAZY_LOCK = threading.RLock()    # converting/releasing held json_t (reentrant:
 
 
 def _drop_held(obj: Any) -> None:
-    """Releases obj's held array once no pointer is left to convert (caller
-    holds _LAZY_LOCK)."""
+    """Releases obj's held array once no pointer is left to convert and no
+    body left to copy (caller holds _LAZY_LOCK)."""
     holder = obj._hold
-    if holder and not (obj._vptr or obj._hptr or obj._mptr):
+    if holder and not (obj._vptr or obj._hptr or obj._mptr
+                       or getattr(obj, "_body", None) is _PENDING):
         obj._hold = 0
         _ffi.release(holder)
 
@@ -193,7 +194,7 @@ class Response(_HeldHTTPParts):
     objects when first read (then the same objects are returned each time).
     """
 
-    __slots__ = ("status", "body", "op_id", "from_cache", "_headers", "_metrics",
+    __slots__ = ("status", "_body", "op_id", "from_cache", "_headers", "_metrics",
                  "_value", "_has_value", "_hold", "_vptr", "_hptr", "_mptr")
 
     def __init__(self, status: int, headers: Dict[str, str], body: bytes,
@@ -202,7 +203,7 @@ class Response(_HeldHTTPParts):
         self.from_cache = from_cache    # answered by the engine's HTTP cache
         self.status = status
         self._headers = headers
-        self.body = body
+        self._body = body
         self._metrics = metrics
         self.op_id = op_id
         self._value = value
@@ -222,12 +223,14 @@ class Response(_HeldHTTPParts):
         self.from_cache = bool(L.fq_result_from_cache(result)) if core.has_from_cache else False
         length = ctypes.c_size_t(0)
         address = L.fq_result_body(result, ctypes.byref(length))
-        self.body = ctypes.string_at(address, length.value) if address and length.value else b""
-        if value_is_body and core.has_result_retain and length.value <= _RETAIN_BODY_LIMIT:
+        size = length.value
+        if value_is_body and core.has_result_retain and size <= _RETAIN_BODY_LIMIT:
             # Keep the fq_result itself: its headers and metrics are built
             # (in C too) only if read, and its value is the body's parse.
-            # (It also keeps the library's copy of the body: not for large
-            # bodies, which would then be held twice.)
+            # The body is copied only if read (json() decodes it straight
+            # from the library's copy). Not for large bodies, which would be
+            # held twice once read.
+            self._body = _PENDING if size else b""
             self._has_value = bool(L.fq_result_has_value(result))
             self._value = _PENDING if self._has_value else None
             self._headers = self._metrics = _PENDING
@@ -236,6 +239,7 @@ class Response(_HeldHTTPParts):
             self._mptr = L.fq_result_metrics
             self._hold = _ffi.hold_result(result)
             return self
+        self._body = _ffi.string_at(address, size) if address and size else b""
         if value_is_body and core.has_lazy_parse:
             # not fq_result_value: that would build a "lazy_parse" value
             vptr = None
@@ -271,6 +275,35 @@ class Response(_HeldHTTPParts):
         return 200 <= self.status < 300
 
     @property
+    def body(self) -> bytes:
+        body = self._body
+        if body is _PENDING:
+            with _LAZY_LOCK:
+                body = self._body
+                if body is _PENDING:    # the hold is alive while the body is pending
+                    body = self._body = _ffi.body_of(self._hold.address)
+                    _drop_held(self)
+        return body  # type: ignore[no-any-return]
+
+    @body.setter
+    def body(self, value: bytes) -> None:
+        with _LAZY_LOCK:
+            self._body = value
+            _drop_held(self)
+
+    def _parse_body(self) -> Any:
+        """json.loads of the body; a body not copied yet is decoded straight
+        from the held result (one copy instead of two). Only for a body the
+        engine checked as JSON: it is UTF-8 without a BOM then, so this is
+        exactly what json.loads(self.body) gives."""
+        if self._body is _PENDING:
+            with _LAZY_LOCK:
+                text = _ffi.body_text(self._hold.address) if self._body is _PENDING else None
+            if text is not None:
+                return _json.loads(text)
+        return _json.loads(self.body)
+
+    @property
     def parsed(self) -> bool:
         """True when the engine parsed the body as JSON."""
         return self._has_value
@@ -295,7 +328,7 @@ class Response(_HeldHTTPParts):
         if value is _PENDING:
             if self._vptr:
                 return _convert_held(self, "_value", "_vptr", None)
-            value = _json.loads(self.body)  # outside the lock: the body is ours
+            value = self._parse_body()     # outside the lock (but for reading the C body)
             with _LAZY_LOCK:                # the first conversion wins
                 if self._value is _PENDING:
                     self._value = value
@@ -616,7 +649,8 @@ class _OpState:
     def __init__(self, kind: str, queue: "Queue", fn: Optional[Callable[..., Any]] = None,
                  args: Tuple[Any, ...] = (), pass_op: bool = False,
                  progress: Optional[ProgressFn] = None,
-                 on_child: Optional[Callable[[Result], Any]] = None) -> None:
+                 on_child: Optional[Callable[[Result], Any]] = None,
+                 on_update: Optional[Callable[[Any], Any]] = None) -> None:
         self.kind = kind            # "block" | "request" | "search" | "search_all"
         self.queue = queue          # keeps queue and engine alive while pending
         self.fn = fn
@@ -624,7 +658,7 @@ class _OpState:
         self.pass_op = pass_op
         self.progress = progress
         self.on_child = on_child
-        self.on_update: Optional[Callable[[Any], Any]] = None
+        self.on_update = on_update
         self.cause: Optional[BaseException] = None
         self.future: Any = None
 
@@ -766,7 +800,8 @@ class _Core:
     # -- callbacks (run on the delivery thread, or the dispatching thread) -
 
     def _on_complete(self, result: int, userdata: Optional[int]) -> None:
-        _tls.cores.append(self)
+        cores = _tls.cores
+        cores.append(self)
         try:
             state = self.pending.pop(userdata or 0, None)
             if state is None:
@@ -783,21 +818,21 @@ class _Core:
         except BaseException:  # never let an exception unwind into C
             log.exception("fetchq: error in completion callback")
         finally:
-            _tls.cores.pop()
+            cores.pop()
 
     def _outcome(self, state: _OpState, result: int) -> Tuple[str, Any]:
         """("result", value) | ("exception", exc) | ("cancelled", None)."""
         L = self.lib
         op_id = L.fq_result_op_id(result)
         outcome = L.fq_result_outcome(result)
-        status = L.fq_result_status(result)
-        if state.has_events:
-            with self.submit_lock:
+        if state.progress is not None or state.on_child is not None or state.on_update is not None:
+            with self.submit_lock:          # (state.has_events, inlined: every completion asks)
                 self.by_op.pop(op_id, None)
         if outcome == FQ_SUCCEEDED:
             if state.kind == "request":
                 return "result", Response._from_result(self, result, op_id, True)
             return "result", _ffi.from_json(L.fq_result_value(result))
+        status = L.fq_result_status(result)
         message = _ffi.cstr(L.fq_result_error(result)) or _ffi.cstr(L.fq_strerror(status)) or ""
         if outcome == FQ_CANCELLED and status != FQ_ERR_DEPENDENCY:
             return "cancelled", None
@@ -820,14 +855,6 @@ class _Core:
         return "exception", exc
 
     def _resolve(self, fut: AnyFuture, how: str, value: Any) -> None:
-        def apply() -> None:
-            if how == "result":
-                fut._fq_set_result(value)
-            elif how == "exception":
-                fut._fq_set_exception(value)
-            else:
-                fut._fq_set_cancelled()
-
         if self.mode == "poll":
             loop = self.loop
             if loop is None or loop.is_closed():
@@ -835,11 +862,11 @@ class _Core:
             if threading.get_ident() != self.loop_thread:
                 # only when an AsyncEngine is freed off its loop's thread
                 try:
-                    loop.call_soon_threadsafe(apply)
+                    loop.call_soon_threadsafe(_apply, fut, how, value)
                 except RuntimeError:
                     pass
                 return
-        apply()
+        _apply(fut, how, value)
 
     def _on_block(self, op: int, userdata: Optional[int]) -> Optional[int]:
         state = self.pending.get(userdata or 0)
@@ -1030,6 +1057,16 @@ def _finalize(core: _Core, remove_reader: Optional[Callable[[], None]]) -> None:
 # --------------------------------------------------------------------------
 # Queues
 
+def _apply(fut: AnyFuture, how: str, value: Any) -> None:
+    """Resolves ``fut`` as ``_Core._outcome`` said."""
+    if how == "result":
+        fut._fq_set_result(value)
+    elif how == "exception":
+        fut._fq_set_exception(value)
+    else:
+        fut._fq_set_cancelled()
+
+
 def _callable_or_none(fn: Any, what: str) -> Any:
     if fn is not None and not callable(fn):
         raise TypeError("%s must be callable" % what)
@@ -1130,21 +1167,27 @@ class Queue:
     # -- submitting ---------------------------------------------------------
 
     def _options(self, options: Dict[str, Any], progress: Optional[ProgressFn]) -> Optional[Dict[str, Any]]:
-        opts = dict(options)
-        if "depends_on" in opts:
-            deps = opts.pop("depends_on")
+        """The options as sent; ``options`` is the caller's ``**options``
+        dict (ours alone), changed in place."""
+        if "depends_on" in options:
+            deps = options.pop("depends_on")
             if deps is not None:
-                opts["depends_on"] = [self._core.op_id_of(d) for d in _as_list(deps)]
+                options["depends_on"] = [self._core.op_id_of(d) for d in _as_list(deps)]
         if progress is not None:
             if not callable(progress):
                 raise TypeError("progress must be a callable(received, expected)")
-            opts["progress"] = True
-        return opts or None
+            options["progress"] = True
+        return options or None
 
     def _submit(self, state: _OpState, options: Optional[Dict[str, Any]],
                 call: Callable[[Any, Any, int], int], extra: Any = None) -> Any:
-        """Submits with the options as JSON; ``extra`` (a NEW json_t the call
-        borrows, e.g. the request) is released afterwards, also on failure."""
+        """Submits with the options as JSON; ``extra`` (a NEW json_t built
+        for this call alone, e.g. the request, which the call borrows) is
+        freed afterwards, also on failure.
+
+        This is every submit's path, so it inlines what ``_enter``,
+        ``core.exit`` and ``core.submitted`` do (the last two under one
+        lock)."""
         core = self._core
         try:
             # Options objects are cached per engine (most submits repeat the
@@ -1152,30 +1195,48 @@ class Queue:
             opts, owned = core.json_cache.get(
                 options, "options", options is not None and "depends_on" not in options)
         except BaseException:
-            _ffi.decref(extra)
+            _ffi.free_private(extra)
             raise
         token = next(core.tokens)
         fut = core.new_future()
         state.future = fut
-        core.pending[token] = state
+        pending = core.pending
+        pending[token] = state
+        lock = core.lock
         try:
-            h = self._enter()
+            with lock:                      # core.enter(), then the queue's handle
+                if core.closing or core.handle is None:
+                    raise ShutdownError("the engine is closed")
+                h = self._handle
+                if h is None:
+                    raise StateError("queue %r is closed" % self.name)
+                core.inflight += 1
             try:
-                if state.has_events:
+                if state.progress is None and state.on_child is None and state.on_update is None:
+                    op_id = call(h, opts, token)
+                else:                       # events are routed by op id (see by_op)
                     with core.submit_lock:
                         op_id = call(h, opts, token)
                         core.by_op[op_id] = state
-                else:
-                    op_id = call(h, opts, token)
-            finally:
+            except BaseException:
                 core.exit()
+                raise
         except BaseException:
-            core.pending.pop(token, None)
+            pending.pop(token, None)
             raise
         finally:
-            _ffi.decref(owned)
-            _ffi.decref(extra)
-        core.submitted(fut, op_id)
+            # both are ours alone: the library copies what it keeps
+            _ffi.free_private(owned)
+            _ffi.free_private(extra)
+        with lock:                          # core.exit() and core.submitted(fut, op_id)
+            core.inflight -= 1
+            if core.inflight == 0 and core.closing:
+                core.idle.notify_all()
+            fut._op_id = op_id
+            wanted = fut._cancel_wanted
+            fut._cancel_wanted = False
+        if wanted:                          # cancel() ran while we were submitting
+            core.request_cancel(fut)
         return fut
 
     def submit(self, fn: Callable[..., Any], *args: Any, pass_op: bool = False,
@@ -1305,16 +1366,16 @@ class Queue:
         request = _ffi.request_json(method, url) if len(req) == 2 else None
         if request is None:
             request = _ffi.to_json(req, "request")
-        state = _OpState("request", self, progress=progress)
-        state.on_update = on_update
-        L = self._core.lib
-        cb_done = self._core.completion_cb
-        if self._core.has_lazy_parse and "lazy_parse" not in options:
+        state = _OpState("request", self, progress=progress, on_update=on_update)
+        core = self._core
+        L = core.lib
+        cb_done = core.completion_cb
+        if core.has_lazy_parse and "lazy_parse" not in options:
             options["lazy_parse"] = True
         try:
             opts = self._options(options, progress)
         except BaseException:
-            _ffi.decref(request)
+            _ffi.free_private(request)
             raise
         return self._submit(state, opts,
                             lambda h, o, t: L.fq_submit_request(h, request, o, cb_done, t),

@@ -559,8 +559,11 @@ def request_json(method: str, url: str) -> Any:
         u = url.encode("utf-8")
     except UnicodeEncodeError:
         return None
-    ptr = lib().jansson.json_pack(b"{s:s%,s:s%}", b"method", m, c_size_t(len(m)),
-                                  b"url", u, c_size_t(len(u)))
+    pack = lib().jansson.json_pack
+    if b"\0" in m or b"\0" in u:   # sent as is: the library says what is wrong
+        ptr = pack(b"{s:s%,s:s%}", b"method", m, c_size_t(len(m)), b"url", u, c_size_t(len(u)))
+    else:
+        ptr = pack(b"{s:s,s:s}", b"method", m, b"url", u)
     return ptr or None
 
 
@@ -575,6 +578,21 @@ def decref(ptr: Any) -> None:
         raise MemoryError("json_array failed")
     j.json_array_append_new(holder, ptr)  # steals ptr (decrefs it on failure)
     j.json_delete(holder)
+
+
+# ctypes.string_at without its Python-level wrapper (one frame less per
+# response body); the wrapper where a ctypes lacks the private name.
+string_at: Callable[[Any, int], bytes] = getattr(ctypes, "_string_at", None) or ctypes.string_at
+
+
+def free_private(ptr: Any) -> None:
+    """Frees a NEW ``json_t *`` that was never shared: made by this module
+    for one call that only borrowed it (the library "copies what it keeps",
+    include/fetchq.h), so ours is its only reference and ``json_delete`` is
+    exactly its ``json_decref`` (one call instead of :func:`decref`'s
+    three). None/NULL is ignored."""
+    if ptr:
+        lib().jansson.json_delete(ptr)
 
 
 # Arrays made by hold() and not yet released, by id() of their JsonP (ctypes
@@ -711,6 +729,33 @@ def body_of(result: int) -> bytes:
     length = c_size_t(0)
     address = lib().fq_result_body(result, byref(length))
     return bytes_at(address, length.value)
+
+
+def _utf8_decoder() -> Optional[Callable[[Any, int, Optional[bytes]], str]]:
+    """CPython's PyUnicode_DecodeUTF8 (str from C memory in one copy), or
+    None where ctypes has no pythonapi."""
+    api = getattr(ctypes, "pythonapi", None)
+    if api is None:
+        return None
+    fn = api.PyUnicode_DecodeUTF8
+    fn.restype = ctypes.py_object
+    fn.argtypes = [c_void_p, ctypes.c_ssize_t, c_char_p]
+    return fn
+
+
+_DECODE_UTF8 = _utf8_decoder()
+
+
+def body_text(result: int) -> str:
+    """The body of a result as str, decoded as UTF-8 (strict)."""
+    length = c_size_t(0)
+    address = lib().fq_result_body(result, byref(length))
+    size = length.value
+    if not address or not size:
+        return ""
+    if _DECODE_UTF8 is not None:
+        return _DECODE_UTF8(address, size, None)
+    return bytes_at(address, size).decode("utf-8")
 
 
 __all__ = [

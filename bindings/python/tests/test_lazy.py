@@ -260,12 +260,12 @@ def test_concurrent_first_access_gives_one_object(server: Server) -> None:
         q = engine.queue("lazy")
         for _ in range(5):
             r = q.get(server.url("/json?size=20000"), coalesce=False).result(timeout=TIMEOUT)
-            seen: List[Tuple[int, int, int]] = []
+            seen: List[Tuple[int, int, int, int]] = []
             go = threading.Barrier(8)
 
             def read() -> None:
                 go.wait(TIMEOUT)
-                seen.append((id(r.json()), id(r.headers), id(r.metrics)))
+                seen.append((id(r.json()), id(r.headers), id(r.metrics), id(r.body)))
 
             threads = [threading.Thread(target=read) for _ in range(8)]
             for t in threads:
@@ -293,7 +293,10 @@ def test_assigning_replaces_the_held_value(net_engine: fetchq.Engine, server: Se
     before = _ffi.held_count()
     r.headers = {"x": "1"}
     r.metrics = {}
-    assert r.headers == {"x": "1"} and r.metrics == {} and r._hold == 0
+    assert r.headers == {"x": "1"} and r.metrics == {}
+    assert r._hold != 0                 # the body is still only in the held result
+    r.body = b"[2]"
+    assert r.body == b"[2]" and r._hold == 0
     assert _ffi.held_count() == before - 1
     made = fetchq.Response(200, {"a": "b"}, b"[1]", {"m": 1}, 7, [1], True)
     assert made.json() == [1] and made.headers == {"a": "b"} and made.metrics == {"m": 1}
@@ -317,9 +320,9 @@ def test_held_references_are_released(server: Server) -> None:
         sa.result(timeout=TIMEOUT)
         assert _ffi.held_count() >= base + 300 + 3
         for r in rs[::3]:
-            r.headers, r.metrics           # converted: released at once
+            r.headers, r.metrics, r.body   # converted and copied: released at once
         for r in rs[1::3]:
-            r.json()                       # the value is the body: headers/metrics still held
+            r.json()                       # the value is the body: the rest still held
     held = _ffi.held_count()
     assert held <= base + 300 - 100 + 20 + 3
     del rs, futs, errs, sa, kids, r, f
@@ -469,9 +472,30 @@ def test_a_response_keeps_its_result_and_builds_headers_and_metrics_only_when_re
     # read after the engine is closed: the retained fq_result is still valid
     assert r.headers["content-type"] == "application/json"
     assert r._hold != 0                                   # metrics not read yet
-    assert r.metrics["bytes"] == len(r.body) and r.metrics["attempts"] == 1
-    assert r._hold == 0 and _ffi.held_count() == held - 1  # released once both were read
+    assert r.metrics["attempts"] == 1
+    assert r._hold != 0                                   # the body not read yet
+    assert r.metrics["bytes"] == len(r.body)
+    assert r._hold == 0 and _ffi.held_count() == held - 1  # released once all were read
     assert r.parsed and r.json()["items"] is not None
+
+
+def test_a_held_body_is_copied_only_when_read(server: Server) -> None:
+    """json() decodes the body straight from the held fq_result; .body is
+    copied on first read, once, and equals the bytes the server sent."""
+    with fetchq.Engine() as engine:
+        q = engine.queue("held")
+        a = q.get(server.url("/json?size=3000")).result(timeout=TIMEOUT)
+        b = q.get(server.url("/json?size=3000"), coalesce=False).result(timeout=TIMEOUT)
+        empty = q.get(server.url("/status/204")).result(timeout=TIMEOUT)
+    assert a._body is _engine._PENDING and b._body is _engine._PENDING
+    value = a.json()                                      # the value first, then the body
+    assert a._body is _engine._PENDING                    # json() did not copy it
+    assert a.body is a.body and a._body is not _engine._PENDING
+    assert json.loads(a.body) == value and len(a.body) >= 3000
+    assert b.body == a.body and b.json() == value         # the body first, then the value
+    assert empty.status == 204 and empty.body == b"" and empty._body == b""
+    assert repr(a).endswith("%d bytes>" % len(a.body))
+    assert pickle.loads(pickle.dumps(b)).body == a.body
 
 
 def test_a_large_response_does_not_keep_its_result(net_engine: fetchq.Engine, server: Server) -> None:
