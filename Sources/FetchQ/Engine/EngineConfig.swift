@@ -137,7 +137,7 @@ public struct SearchEndpoint: Sendable {
         if let o = try r.choice("order", ["asc", "desc"]) { descending = o == "desc" }
     }
 
-    private func pointer(_ r: inout OptionReader, _ key: String) throws(FetchQError) -> String? {
+    private func pointer(_ r: inout OptionReader, _ key: StaticString) throws(FetchQError) -> String? {
         guard let p = try r.string(key) else { return nil }
         guard p.isEmpty || p.hasPrefix("/") else {
             throw FetchQError(.invalid, "\(r.path(key)): \"\(p)\" is not a JSON Pointer (RFC 6901: empty or starting with /)")

@@ -1,21 +1,28 @@
+import CFetchQSupport
 import CJansson
 
 /// Reads a JSON object of options strictly: every key must be read by
 /// someone, with the right type, or `finish()` reports it. Errors name the
 /// full key path (`options.retry.max`).
 ///
-/// Runs for every submit, so lookups do not allocate: keys are passed to
-/// jansson with `withCString` (the implicit String-to-pointer conversion built
-/// a heap copy per lookup), and the keys read are kept in a small array.
+/// Runs for every submit, and a submit asks for two dozen keys of which an
+/// options object holds a few. So an object of up to `FQS_KEYS_MAX` keys is
+/// scanned once into `keys` (fq_keys.h), and each lookup compares the key's
+/// length and bytes with those few (no hashing, no allocation); which were
+/// read is a bit mask there. Larger objects are looked up in jansson. Keys
+/// are `StaticString`s (the literals at the call sites): their bytes are at
+/// hand without a copy.
 struct OptionReader {
     private let object: UnsafeMutablePointer<json_t>?
     let context: String
-    /// Keys present in the object that were read, each once.
-    private var consumed = ReadKeys()
-    /// The object's number of keys: once that many were read, no other key
-    /// can be there, and lookups stop asking jansson (a submit asks for a
-    /// dozen keys; most options objects hold one or two).
+    /// The object's number of keys.
     private let size: Int
+    /// The keys, in jansson's order, when the object is scanned.
+    private var keys = fqs_keys()
+    /// Whether the object is small enough to be scanned into `keys`.
+    private var scanned: Bool { size <= Int(FQS_KEYS_MAX) }
+    /// Larger objects: the keys present that were read, each once.
+    private var consumed: [StaticString] = []
 
     /// `json` is borrowed; nil means "no options".
     init(_ json: UnsafePointer<json_t>?, context: String) throws(FetchQError) {
@@ -28,36 +35,69 @@ struct OptionReader {
         guard json.pointee.type == JSON_OBJECT else {
             throw FetchQError(.invalid, "\(context): expected a JSON object, got \(jsonTypeName(json))")
         }
-        object = UnsafeMutablePointer(mutating: json)
+        let object = UnsafeMutablePointer(mutating: json)
+        self.object = object
         size = json_object_size(json)
+        guard scanned else { return }
+        var iter = json_object_iter(object)
+        while let it = iter,
+              fqs_keys_add(&keys, json_object_iter_key(it), json_object_iter_key_len(it), json_object_iter_value(it)) == 1 {
+            iter = json_object_iter_next(object, it)
+        }
+    }
+
+    /// `key` spelled by the `length` bytes at `bytes` (a jansson key may
+    /// hold NUL: the length decides, not a terminator).
+    private static func matches(_ key: StaticString, _ bytes: UnsafePointer<CChar>?, _ length: Int) -> Bool {
+        key.withUTF8Buffer { k in
+            k.count == length && k.elementsEqual(UnsafeRawBufferPointer(start: bytes, count: length))
+        }
+    }
+
+    /// A larger object's value for `key`, through jansson.
+    private func lookUp(_ key: StaticString) -> UnsafeMutablePointer<json_t>? {
+        guard let object else { return nil }
+        return key.withUTF8Buffer { k in
+            k.withMemoryRebound(to: CChar.self) { json_object_getn(object, $0.baseAddress, k.count) }
+        }
     }
 
     /// The raw value (borrowed), marking the key as read.
-    mutating func value(_ key: String) -> UnsafeMutablePointer<json_t>? {
-        guard let object else { return nil }
-        let seen = consumed.contains(key)
-        if !seen && consumed.count == size { return nil }
-        guard let v = key.withCString({ json_object_get(object, $0) }) else { return nil }
-        if !seen { consumed.append(key) }
+    mutating func value(_ key: StaticString) -> UnsafeMutablePointer<json_t>? {
+        guard object != nil else { return nil }
+        if scanned {
+            let v = key.withUTF8Buffer { k in
+                k.withMemoryRebound(to: CChar.self) { fqs_keys_take(&keys, $0.baseAddress, $0.count) }
+            }
+            return v?.assumingMemoryBound(to: json_t.self)
+        }
+        guard let v = lookUp(key) else { return nil }
+        if !consumed.contains(where: { k in k.withUTF8Buffer { a in key.withUTF8Buffer { a.elementsEqual($0) } } }) {
+            consumed.append(key)
+        }
         return v
     }
 
-    func path(_ key: String) -> String { "\(context).\(key)" }
+    func path(_ key: StaticString) -> String { "\(context).\(key)" }
 
     /// Every key of the object was read (true for no options at all).
-    var allRead: Bool { consumed.count == size }
-
-    /// Whether the key is present (without reading it).
-    func has(_ key: String) -> Bool {
-        guard let object else { return false }
-        return key.withCString { json_object_get(object, $0) } != nil
+    var allRead: Bool {
+        scanned ? keys.read == (1 << UInt(size)) - 1 : consumed.count == size
     }
 
-    func typeError(_ key: String, _ expected: String, _ got: UnsafePointer<json_t>) -> FetchQError {
+    /// Whether the key is present (without reading it).
+    mutating func has(_ key: StaticString) -> Bool {
+        guard scanned else { return lookUp(key) != nil }
+        return key.withUTF8Buffer { k in
+            k.withMemoryRebound(to: CChar.self) { fqs_keys_find(&keys, $0.baseAddress, $0.count) >= 0 }
+        }
+    }
+
+    func typeError(_ key: StaticString, _ expected: String, _ got: UnsafePointer<json_t>) -> FetchQError {
         FetchQError(.invalid, "\(path(key)): expected \(expected), got \(jsonTypeName(got))")
     }
 
-    mutating func int(_ key: String, in range: ClosedRange<Int>) throws(FetchQError) -> Int? {
+    mutating func int(_ key: StaticString, in range: ClosedRange<Int>) throws(FetchQError) -> Int? {
         guard let v = value(key) else { return nil }
         guard v.pointee.type == JSON_INTEGER else { throw typeError(key, "an integer", v) }
         let n = json_integer_value(v)
@@ -68,7 +108,7 @@ struct OptionReader {
     }
 
     /// A number (integer or real) within `range`.
-    mutating func number(_ key: String, in range: ClosedRange<Double>) throws(FetchQError) -> Double? {
+    mutating func number(_ key: StaticString, in range: ClosedRange<Double>) throws(FetchQError) -> Double? {
         guard let v = value(key) else { return nil }
         let d: Double
         switch v.pointee.type {
@@ -82,7 +122,7 @@ struct OptionReader {
         return d
     }
 
-    mutating func bool(_ key: String) throws(FetchQError) -> Bool? {
+    mutating func bool(_ key: StaticString) throws(FetchQError) -> Bool? {
         guard let v = value(key) else { return nil }
         switch v.pointee.type {
         case JSON_TRUE: return true
@@ -91,13 +131,13 @@ struct OptionReader {
         }
     }
 
-    mutating func string(_ key: String) throws(FetchQError) -> String? {
+    mutating func string(_ key: StaticString) throws(FetchQError) -> String? {
         guard let v = value(key) else { return nil }
         guard v.pointee.type == JSON_STRING else { throw typeError(key, "a string", v) }
         return jsonString(v)
     }
 
-    mutating func choice(_ key: String, _ allowed: [String]) throws(FetchQError) -> String? {
+    mutating func choice(_ key: StaticString, _ allowed: [String]) throws(FetchQError) -> String? {
         guard let s = try string(key) else { return nil }
         guard allowed.contains(s) else {
             throw FetchQError(.invalid, "\(path(key)): \"\(s)\" is not one of \(allowed.map { "\"\($0)\"" }.joined(separator: ", "))")
@@ -106,23 +146,30 @@ struct OptionReader {
     }
 
     /// A nested object, read with its own strict reader.
-    mutating func object(_ key: String) throws(FetchQError) -> OptionReader? {
+    mutating func object(_ key: StaticString) throws(FetchQError) -> OptionReader? {
         guard let v = value(key) else { return nil }
         guard v.pointee.type == JSON_OBJECT else { throw typeError(key, "an object", v) }
         return try OptionReader(v, context: path(key))
     }
 
-    /// Fails on the first key nobody read.
-    func finish() throws(FetchQError) {
+    /// Fails on the first key nobody read (in jansson's order).
+    mutating func finish() throws(FetchQError) {
         guard let object else { return }
+        func unknown(_ bytes: UnsafePointer<CChar>?, _ length: Int) -> FetchQError {
+            let key = String(decoding: UnsafeRawBufferPointer(start: bytes, count: length), as: UTF8.self)
+            return FetchQError(.invalid, "\(context): unknown key \"\(key)\"")
+        }
+        if scanned {
+            let i = fqs_keys_first_unread(&keys)
+            if i >= 0 { throw unknown(fqs_keys_key(&keys, i), fqs_keys_length(&keys, i)) }
+            return
+        }
         // Every key read is a distinct key of the object: same count, none left.
-        if consumed.count == json_object_size(object) { return }
+        if consumed.count == size { return }
         var iter = json_object_iter(object)
         while let it = iter {
-            let key = String(cString: json_object_iter_key(it))
-            if !consumed.contains(key) {
-                throw FetchQError(.invalid, "\(context): unknown key \"\(key)\"")
-            }
+            let (bytes, length) = (json_object_iter_key(it), json_object_iter_key_len(it))
+            if !consumed.contains(where: { Self.matches($0, bytes, length) }) { throw unknown(bytes, length) }
             iter = json_object_iter_next(object, it)
         }
     }
@@ -148,28 +195,5 @@ func jsonTypeName(_ v: UnsafePointer<json_t>) -> String {
     case JSON_TRUE, JSON_FALSE: "a boolean"
     case JSON_NULL: "null"
     default: "an unknown JSON type"
-    }
-}
-
-/// The keys an `OptionReader` has read. The first two are stored inline: most
-/// options objects hold one or two keys, and an array cost an allocation per
-/// submit.
-private struct ReadKeys {
-    private var first: String? = nil
-    private var second: String? = nil
-    private var more: [String] = []
-    private(set) var count = 0
-
-    func contains(_ key: String) -> Bool {
-        first == key || second == key || (count > 2 && more.contains(key))
-    }
-
-    mutating func append(_ key: String) {
-        switch count {
-        case 0: first = key
-        case 1: second = key
-        default: more.append(key)
-        }
-        count += 1
     }
 }
