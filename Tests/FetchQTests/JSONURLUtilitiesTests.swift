@@ -80,6 +80,16 @@ import Testing
         ("http://bücher.test/", "bücher.test"),
         ("http://host.test/a@b", "host.test"),
         ("http://host.test?x=@evil", "host.test"),
+        // the port as written, or spelled plainly when it is not
+        ("http://Host.test:9000", "host.test:9000"),
+        ("http://host.test:09000/", "host.test:9000"),
+        ("http://host.test:0/", "host.test:0"),
+        ("http://host.test:00/", "host.test:0"),
+        ("http://host.test:65535", "host.test:65535"),
+        ("https://host.test:8443#f", "host.test:8443"),
+        ("http://h:1", "h:1"),
+        ("http://[::1]:0443/", "[::1]:443"),
+        ("Http://a.b.c.d.e.f.g.h.test:1234/long/path?q", "a.b.c.d.e.f.g.h.test:1234"),
     ])
     func hostOfAcceptsHTTPURLs(url: String, expected: String) {
         #expect(URLUtilities.hostOf(url: url) == expected)
@@ -111,6 +121,10 @@ import Testing
         "http://[1.2.3.4]/",
         " http://example.com/",
         "",
+        "httpx://example.com/",
+        "htt://example.com/",
+        "https:/",
+        "http://host.test:99999999999999999999/",
     ])
     func hostOfRejectsEverythingElse(url: String) {
         #expect(URLUtilities.hostOf(url: url) == nil)

@@ -101,15 +101,23 @@ public enum URLUtilities {
     ///   authority (such as `\`), and malformed IPv6 literals. Non-ASCII host names (IDN)
     ///   are accepted as they are.
     public static func hostOf(url: String) -> String? {
-        let bytes = Array(url.utf8)
+        var url = url
+        return url.withUTF8 { hostOf(utf8: $0) }
+    }
+
+    /// `hostOf(url:)` on the URL's bytes. Runs for every request submit, so
+    /// the common case (a lower-case host, a port written plainly or none)
+    /// makes the answer from one slice of the bytes, without arrays.
+    static func hostOf(utf8 bytes: UnsafeBufferPointer<UInt8>) -> String? {
         // Scheme.
         guard let colon = bytes.firstIndex(of: UInt8(ascii: ":")) else { return nil }
-        let scheme = String(decoding: bytes[..<colon].map(asciiLowercased), as: UTF8.self)
         let defaultPort: Int
-        switch scheme {
-        case "http": defaultPort = 80
-        case "https": defaultPort = 443
-        default: return nil
+        if colon == 4 && Self.lowerCaseEquals(bytes[..<colon], "http") {
+            defaultPort = 80
+        } else if colon == 5 && Self.lowerCaseEquals(bytes[..<colon], "https") {
+            defaultPort = 443
+        } else {
+            return nil
         }
         let slash = UInt8(ascii: "/")
         guard colon + 2 < bytes.count, bytes[colon + 1] == slash, bytes[colon + 2] == slash
@@ -130,8 +138,9 @@ public enum URLUtilities {
             authority = authority[(at + 1)...]
         }
         // Host and port.
-        var host: [UInt8]
-        var portText: ArraySlice<UInt8>
+        var host: [UInt8]? = nil       // nil: the host is `hostBytes` as written
+        var hostBytes: Slice<UnsafeBufferPointer<UInt8>>
+        var portText: Slice<UnsafeBufferPointer<UInt8>>
         if authority.first == UInt8(ascii: "[") {
             guard let close = authority.firstIndex(of: UInt8(ascii: "]")) else { return nil }
             let literal = authority[(authority.startIndex + 1)..<close]
@@ -139,9 +148,10 @@ public enum URLUtilities {
                 literal.allSatisfy({ isHexDigit($0) || $0 == 0x3A || $0 == 0x2E })
             else { return nil }
             host = [UInt8(ascii: "[")] + literal.map(asciiLowercased) + [UInt8(ascii: "]")]
+            hostBytes = authority[authority.startIndex...close]
             let rest = authority[(close + 1)...]
             if rest.isEmpty {
-                portText = []
+                portText = rest
             } else {
                 guard rest.first == 0x3A else { return nil }
                 portText = rest.dropFirst()
@@ -152,11 +162,15 @@ public enum URLUtilities {
             guard !name.isEmpty,
                 name.allSatisfy({ isUnreserved($0) || isSubDelim($0) || $0 == 0x25 || $0 >= 0x80 })
             else { return nil }
-            host = name.map(asciiLowercased)
-            portText = colonInHost.map { authority[($0 + 1)...] } ?? []
+            hostBytes = name
+            if name.contains(where: { (0x41...0x5A).contains($0) }) { host = name.map(asciiLowercased) }
+            portText = colonInHost.map { authority[($0 + 1)...] } ?? authority[authority.endIndex...]
+        }
+        func hostString() -> String {
+            host.map { String(decoding: $0, as: UTF8.self) } ?? String(decoding: hostBytes, as: UTF8.self)
         }
         if portText.isEmpty {
-            return String(decoding: host, as: UTF8.self)
+            return hostString()
         }
         var port = 0
         for digit in portText {
@@ -164,10 +178,21 @@ public enum URLUtilities {
             port = port * 10 + Int(digit - 0x30)
             guard port <= 65535 else { return nil }
         }
-        if port != defaultPort {
-            host += Array(":\(port)".utf8)
+        if port == defaultPort {
+            return hostString()
         }
-        return String(decoding: host, as: UTF8.self)
+        if host == nil && (portText.count == 1 || portText.first != 0x30) {
+            // "host:port" as written, with the port in its plain spelling
+            return String(decoding: bytes[hostBytes.startIndex..<portText.endIndex], as: UTF8.self)
+        }
+        return hostString() + ":\(port)"
+    }
+
+    /// Whether `bytes`, ASCII letters lower-cased, spell `lowercase`.
+    private static func lowerCaseEquals(_ bytes: Slice<UnsafeBufferPointer<UInt8>>, _ lowercase: StaticString) -> Bool {
+        lowercase.withUTF8Buffer { expected in
+            bytes.count == expected.count && zip(bytes, expected).allSatisfy { asciiLowercased($0) == $1 }
+        }
     }
 
     // MARK: - Character classes (RFC 3986 §2)

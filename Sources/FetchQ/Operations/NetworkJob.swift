@@ -273,12 +273,16 @@ struct NetworkSettings: Sendable {
     /// Checks the URL and headers and applies the limits.
     func job(url: String, method: String, headers: [(name: String, value: String)],
              body: [UInt8]?) throws(FetchQError) -> NetworkJob {
-        guard let host = URLUtilities.hostOf(url: url) else {
+        var url = url
+        let (host, plain) = url.withUTF8 { bytes in
+            (URLUtilities.hostOf(utf8: bytes), !bytes.contains(where: { $0 <= 0x20 || $0 == 0x7F }))
+        }
+        guard let host else {
             throw FetchQError(.invalid, "url \"\(url)\": only absolute http:// and https:// URLs with a host are allowed")
         }
         // Spaces and control characters must be percent-encoded: refused
         // here, at submit, rather than by the transport later.
-        guard !url.utf8.contains(where: { $0 <= 0x20 || $0 == 0x7F }) else {
+        guard plain else {
             throw FetchQError(.invalid, "url \"\(url)\": contains a space or a control character (percent-encode it)")
         }
         for (name, value) in headers {
