@@ -1362,10 +1362,15 @@ class Queue:
             else:
                 raise TypeError("data must be str or bytes, not %s" % type(data).__name__)
         on_update = _callable_or_none(on_update, "on_update")
-        # {"method", "url"} alone (the common GET): one json_pack call
-        request = _ffi.request_json(method, url) if len(req) == 2 else None
-        if request is None:
-            request = _ffi.to_json(req, "request")
+        # {"method", "url"} alone (the common GET): a reused object with the
+        # new URL, else one json_pack call
+        plain = _ffi.plain_request(method, url) if len(req) == 2 else None
+        if plain is not None:
+            request = plain.ptr
+        else:
+            request = _ffi.request_json(method, url) if len(req) == 2 else None
+            if request is None:
+                request = _ffi.to_json(req, "request")
         state = _OpState("request", self, progress=progress, on_update=on_update)
         core = self._core
         L = core.lib
@@ -1375,11 +1380,20 @@ class Queue:
         try:
             opts = self._options(options, progress)
         except BaseException:
-            _ffi.free_private(request)
+            if plain is None:
+                _ffi.free_private(request)
+            else:
+                _ffi.give_back(plain)
             raise
-        return self._submit(state, opts,
-                            lambda h, o, t: L.fq_submit_request(h, request, o, cb_done, t),
-                            extra=request)
+        if plain is None:
+            return self._submit(state, opts,
+                                lambda h, o, t: L.fq_submit_request(h, request, o, cb_done, t),
+                                extra=request)
+        try:
+            return self._submit(state, opts,
+                                lambda h, o, t: L.fq_submit_request(h, request, o, cb_done, t))
+        finally:
+            _ffi.give_back(plain)
 
     def get(self, url: str, **kwargs: Any) -> Any:
         """``request("GET", url, **kwargs)``."""

@@ -266,6 +266,8 @@ JANSSON_FUNCTIONS: List[_Decl] = [
     ("json_array_extend", c_int, [JsonP, JsonP], None),
     ("json_array_size", c_size_t, [JsonP], None),
     ("json_delete", None, [c_void_p], None),
+    ("json_object_get", c_void_p, [c_void_p, c_char_p], None),
+    ("json_string_setn", c_int, [c_void_p, c_char_p, c_size_t], None),
     ("json_get_alloc_funcs", None, [POINTER(c_void_p), POINTER(c_void_p)], None),
 ]
 
@@ -583,6 +585,64 @@ def decref(ptr: Any) -> None:
 # ctypes.string_at without its Python-level wrapper (one frame less per
 # response body); the wrapper where a ctypes lacks the private name.
 string_at: Callable[[Any, int], bytes] = getattr(ctypes, "_string_at", None) or ctypes.string_at
+
+
+class PlainRequest:
+    """A private ``{"method": M, "url": U}`` json_t, reused: see
+    :func:`plain_request`."""
+
+    __slots__ = ("ptr", "url_value", "method")
+
+    def __init__(self, ptr: Any, url_value: int, method: str) -> None:
+        self.ptr = ptr
+        self.url_value = url_value
+        self.method = method
+
+
+# Reusable request objects for the common methods, a few per method (one is
+# in use per submit in progress; list.pop/append are atomic under the GIL).
+_PLAIN_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+_PLAIN_FREE: Dict[str, List[PlainRequest]] = {m: [] for m in _PLAIN_METHODS}
+_PLAIN_KEEP = 8
+
+
+def plain_request(method: str, url: str) -> Optional[PlainRequest]:
+    """``{"method": method, "url": url}`` for one submit, then
+    :func:`give_back`: instead of building the object and freeing it for
+    every request (json_pack and json_delete), a reused one gets the new URL
+    with json_string_setn. The library only borrows a request during the
+    submit call ("copies what it keeps", include/fetchq.h), so the object is
+    free again once the call returned. None for other methods, or when the
+    URL cannot be encoded as UTF-8 (the caller then uses request_json or
+    to_json, which report it)."""
+    free = _PLAIN_FREE.get(method)
+    if free is None:
+        return None
+    try:
+        u = url.encode("utf-8")
+    except UnicodeEncodeError:
+        return None
+    J = lib().jansson
+    try:
+        item = free.pop()
+    except IndexError:
+        ptr = J.json_pack(b"{s:s,s:s}", b"method", method.encode(), b"url", b"")
+        if not ptr:
+            raise MemoryError("json_pack failed")
+        item = PlainRequest(ptr, J.json_object_get(ptr, b"url"), method)
+    if J.json_string_setn(item.url_value, u, len(u)) != 0:
+        give_back(item)
+        return None
+    return item
+
+
+def give_back(item: PlainRequest) -> None:
+    """Returns a :func:`plain_request` object (after the submit call)."""
+    free = _PLAIN_FREE[item.method]
+    if len(free) < _PLAIN_KEEP:
+        free.append(item)
+    else:
+        free_private(item.ptr)
 
 
 def free_private(ptr: Any) -> None:

@@ -10,6 +10,7 @@ fq_result, right before the lazy object is made.
 from __future__ import annotations
 
 import copy
+import ctypes
 import gc
 import json
 import math
@@ -447,6 +448,40 @@ def test_plain_get_request_object_is_equivalent(net_engine: fetchq.Engine, serve
     assert _ffi.from_json(ptr) == {"method": "GET", "url": "http://h/\u00e9\u0000"}
     assert _ffi.refcount(ptr) == 1
     _ffi.decref(ptr)
+
+
+def test_plain_request_objects_are_reused_and_never_shared(server: Server) -> None:
+    """Plain requests reuse a few {"method", "url"} objects (a new URL set
+    into one for each submit): from 8 threads at once every request still
+    goes to its own URL, the library keeps no reference to them, and at most
+    _PLAIN_KEEP wait per method."""
+    errors: List[BaseException] = []
+    with fetchq.Engine(workers=2) as engine:
+        q = engine.queue("plain", max_concurrent=16)
+
+        def run(t: int) -> None:
+            try:
+                futs = [(i, q.request("DELETE" if i % 5 == 0 else "GET",
+                                      server.url("/echo?t=%d&i=%d" % (t, i)), coalesce=False))
+                        for i in range(40)]
+                for i, f in futs:
+                    echo = f.result(timeout=TIMEOUT).json()
+                    assert echo["query"] == {"t": str(t), "i": str(i)}
+                    assert echo["method"] == ("DELETE" if i % 5 == 0 else "GET")
+            except BaseException as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=run, args=(t,)) for t in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(TIMEOUT)
+    assert errors == []
+    for method in ("GET", "DELETE"):
+        pool = _ffi._PLAIN_FREE[method]
+        assert 1 <= len(pool) <= _ffi._PLAIN_KEEP
+        assert all(_ffi.refcount(item.ptr) == 1 for item in pool)
+        assert len({ctypes.cast(item.ptr, ctypes.c_void_p).value for item in pool}) == len(pool)
 
 
 def test_hold_and_release_count_references() -> None:
