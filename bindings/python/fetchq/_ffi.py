@@ -375,25 +375,45 @@ def candidate_paths(env: Optional[str] = None, package_dir: Optional[str] = None
                     key=lambda p: (not p.endswith(".so.0"), p))
     out.extend(copies)
     if system:
-        found = ctypes.util.find_library("fetchq")
-        if found:
-            out.append(found)
-        out.append("libfetchq.so.0")
+        out.extend(_system_candidates()[0])
     seen: Dict[str, None] = {}
     for p in out:
         seen.setdefault(p, None)
     return list(seen)
 
 
+def _system_candidates() -> Tuple[List[str], bool]:
+    """What the system loader may find, and whether find_library found it."""
+    found = ctypes.util.find_library("fetchq")
+    return ([found] if found else []) + ["libfetchq.so.0"], bool(found)
+
+
 def load_library(candidates: Optional[Iterable[str]] = None) -> Library:
     """Loads the first candidate that works; raises LibraryNotFound listing
-    every candidate and its error when none does."""
-    system_note = None
-    if candidates is None:
-        candidates = candidate_paths(os.environ.get("FETCHQ_LIBRARY"))
-        if not ctypes.util.find_library("fetchq"):
-            system_note = "  (ctypes.util.find_library('fetchq') found nothing)"
+    every candidate and its error when none does.
+
+    Without ``candidates``: ``$FETCHQ_LIBRARY`` and the package's copy first;
+    the system loader's candidates only if neither loads, since
+    ``ctypes.util.find_library`` runs ``ldconfig``/``gcc`` (about 10 ms each
+    call, measured on every engine's first use before)."""
     tried: List[str] = []
+    if candidates is None:
+        env = os.environ.get("FETCHQ_LIBRARY")
+        local = candidate_paths(env, system=False)
+        try:
+            return _load_first(local, tried)
+        except LibraryNotFound:
+            pass
+        system, found = _system_candidates()
+        system_note = None if found else "  (ctypes.util.find_library('fetchq') found nothing)"
+        return _load_first([p for p in system if p not in local], tried, system_note)
+    return _load_first(candidates, tried)
+
+
+def _load_first(candidates: Iterable[str], tried: List[str],
+                system_note: Optional[str] = None) -> Library:
+    """The first of ``candidates`` that loads; each failure is added to
+    ``tried``, and LibraryNotFound lists them all when none loads."""
     for path in candidates:
         try:
             cdll = ctypes.CDLL(path)
