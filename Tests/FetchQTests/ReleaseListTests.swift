@@ -1,5 +1,6 @@
 import CJansson
 import Glibc
+import Synchronization
 import Testing
 
 @testable import FetchQ
@@ -114,5 +115,88 @@ import Testing
         box.result = nil
         #expect(refcount(raw) == 1)
         json_decref(raw)
+    }
+
+    // MARK: - Response parts (lock-free)
+
+    func parts() -> HTTPDetails { HTTPDetails(response: nil, queueWaitMs: 0, attempts: 1, fromCache: false) }
+
+    /// A weak reference that can cross threads.
+    final class Watch: @unchecked Sendable {
+        weak var parts: HTTPDetails?
+        init(_ parts: HTTPDetails) { self.parts = parts }
+    }
+
+    @Test func responsePartsGoBackOnlyWhileOpen() {
+        let list = ReleaseList()
+        var first: HTTPDetails? = parts()
+        let watchFirst = Watch(first!)
+        #expect(!list.take(first!))  // a new list is closed
+        list.open()
+        #expect(list.take(first!))
+        first = nil
+        #expect(watchFirst.parts != nil)  // held by the list
+        list.drain()
+        #expect(watchFirst.parts == nil)
+        var second: HTTPDetails? = parts()
+        let watchSecond = Watch(second!)
+        #expect(list.take(second!))
+        second = nil
+        list.close()  // frees what it holds, takes nothing more
+        #expect(watchSecond.parts == nil)
+        let third = parts()
+        #expect(!list.take(third))
+    }
+
+    @Test func resultFreedElsewhereHandsItsResponsePartsBack() {
+        let list = ReleaseList()
+        list.open()
+        let box = Box()
+        let watch = TestCollector<Watch>()
+        onOwner(list) {
+            let result = OperationResult(id: 1, outcome: .succeeded, status: .ok, message: nil, value: nil,
+                                         http: HTTPInfo(queueWaitMs: 0, attempts: 1))
+            watch.add(Watch(result.http!.details))
+            box.result = result
+        }
+        box.result = nil  // the last reference goes on this thread, not the owner's
+        #expect(watch.all[0].parts != nil)  // the parts wait for their owner
+        list.drain()
+        #expect(watch.all[0].parts == nil)
+    }
+
+    /// Pushers on four threads while the owner opens, drains and closes on
+    /// its own: every part is freed exactly once (a part freed twice would
+    /// crash; one left over would still be alive at the end).
+    @Test func concurrentHandBacksAreEachFreedOnce() {
+        let list = ReleaseList()
+        let watches = TestCollector<Watch>()
+        let stop = Atomic<Bool>(false)
+        let ownerRounds = Atomic<Int>(0)
+        let owner = startThread(name: "release-owner") {
+            list.makeCurrent()
+            var round = 0
+            while !stop.load(ordering: .acquiring) && round < 10_000_000 {
+                round += 1
+                list.open()
+                list.drain()
+                if round % 3 == 0 { list.close() }
+            }
+            list.close()
+            ownerRounds.store(round, ordering: .relaxed)
+        }
+        runThreads(4) { _ in
+            for _ in 0..<5_000 {
+                let p = self.parts()
+                watches.add(Watch(p))
+                _ = list.take(p)  // false: this thread lets it go
+            }
+        }
+        stop.store(true, ordering: .releasing)
+        joinThread(owner)
+        let all = watches.all
+        #expect(all.count == 20_000)
+        #expect(all.allSatisfy { $0.parts == nil })
+        #expect(ownerRounds.load(ordering: .relaxed) > 0)
     }
 }

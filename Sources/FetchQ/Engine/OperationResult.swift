@@ -26,8 +26,9 @@ public final class OperationResult: @unchecked Sendable {
     public let http: HTTPInfo?
     /// The response came from the HTTP cache (fresh, or revalidated with a 304).
     public var fromCache: Bool { http?.fromCache ?? false }
-    /// The worker that made the value, which frees it (see ReleaseList).
-    private let valueOwner: ReleaseList?
+    /// The thread (a worker or a transfer thread) that made the value and
+    /// the response parts, which frees them (see ReleaseList).
+    private let owner: ReleaseList?
 
     init(id: OpID, outcome: Outcome, status: FQStatus, message: String?, value: JSONRef?, http: HTTPInfo? = nil) {
         self.id = id
@@ -36,7 +37,7 @@ public final class OperationResult: @unchecked Sendable {
         self.status = status
         self.reason = message.map { .text($0) }
         self.storedValue = value
-        self.valueOwner = value == nil ? nil : ReleaseList.current
+        self.owner = value == nil && http == nil ? nil : ReleaseList.current
     }
 
     /// An operation the scheduler ended before it started.
@@ -47,7 +48,7 @@ public final class OperationResult: @unchecked Sendable {
         self.status = status
         self.reason = reason
         self.storedValue = nil
-        self.valueOwner = nil
+        self.owner = nil
     }
 
     /// `message` as a C string for the C ABI, valid as long as the result.
@@ -70,8 +71,9 @@ public final class OperationResult: @unchecked Sendable {
 
     deinit {
         free(UnsafeMutablePointer<CChar>(bitPattern: cMessage.load(ordering: .acquiring)))
-        if let valueOwner, let storedValue, valueOwner !== ReleaseList.current {
-            _ = valueOwner.take(storedValue)
+        if let owner, owner !== ReleaseList.current {
+            if let storedValue { _ = owner.take(storedValue) }
+            if let http { _ = owner.take(http.details) }
         }
     }
 }

@@ -66,6 +66,9 @@ final class HTTPDetails: Sendable {
     let attempts: Int
     let fromCache: Bool
 
+    /// The next on a `ReleaseList`'s stack of response parts handed back
+    /// (used only while on it).
+    let nextReturned = Atomic<UInt>(0)
     /// 0, or the bit pattern of an `Unmanaged<JSONRef>` holding one retain.
     private let builtHeaders = Atomic<UInt>(0)
     private let builtMetrics = Atomic<UInt>(0)

@@ -16,8 +16,18 @@ import Synchronization
 /// gone takes nothing (`take` returns false and the caller frees the value
 /// itself), so nothing waits on a thread that may never run again.
 ///
+/// Response parts (`HTTPDetails`: the body, the header list, built headers
+/// and metrics) go back the same way, without the lock: a binding's thread
+/// that drops results one by one (Python's asyncio thread) slept on the
+/// owner's arena lock for their 3 KB bodies, 0.5 times per request
+/// (bench/findings.md, "Seventh round"). They are pushed with a
+/// compare-and-swap onto a stack linked through `HTTPDetails.nextReturned`
+/// and taken whole with an exchange, by the owner or by a pusher that finds
+/// the owner stopped taking meanwhile.
+///
 /// `@unchecked Sendable`: `items` and `accepting` are guarded by `lock`;
-/// `isOpen` is read and written only on the owner thread.
+/// `isOpen` is read and written only on the owner thread; `returned` and
+/// `takingParts` are atomics.
 final class ReleaseList: @unchecked Sendable {
     private let lock = ConditionLock()
     private var items: [JSONRef] = []
@@ -28,6 +38,11 @@ final class ReleaseList: @unchecked Sendable {
     private(set) var isOpen = false
     /// `items.count`, readable without the lock (a hint for `drain`).
     private let waiting = Atomic<Int>(0)
+    /// The top of the stack of response parts handed back: 0, or the bits of
+    /// an `Unmanaged<HTTPDetails>` holding one retain.
+    private let returned = Atomic<UInt>(0)
+    /// The owner is awake and takes response parts (`accepting`, lock-free).
+    private let takingParts = Atomic<Bool>(false)
 
     /// The list of the worker running on this thread; nil on other threads.
     static var current: ReleaseList? {
@@ -52,8 +67,40 @@ final class ReleaseList: @unchecked Sendable {
         return true
     }
 
+    /// Any thread: keeps `parts` for the owner to free. False when the owner
+    /// is not taking them now; the caller then lets them go itself.
+    func take(_ parts: HTTPDetails) -> Bool {
+        guard takingParts.load(ordering: .sequentiallyConsistent) else { return false }
+        let bits = UInt(bitPattern: Unmanaged.passRetained(parts).toOpaque())
+        var top = returned.load(ordering: .sequentiallyConsistent)
+        while true {
+            parts.nextReturned.store(top, ordering: .relaxed)
+            let (pushed, current) = returned.compareExchange(
+                expected: top, desired: bits, ordering: .sequentiallyConsistent)
+            if pushed { break }
+            top = current
+        }
+        // The owner may have stopped between the check and the push, and
+        // emptied the stack before it: then this thread frees what is there,
+        // rather than leave it to a thread that may not run again.
+        if !takingParts.load(ordering: .sequentiallyConsistent) { freeReturned() }
+        return true
+    }
+
+    /// Frees every response part on the stack (any thread; each part is
+    /// taken by exactly one exchange).
+    private func freeReturned() {
+        var bits = returned.exchange(0, ordering: .sequentiallyConsistent)
+        while let pointer = UnsafeRawPointer(bitPattern: bits) {
+            let parts = Unmanaged<HTTPDetails>.fromOpaque(pointer)
+            bits = parts.takeUnretainedValue().nextReturned.load(ordering: .relaxed)
+            parts.release()
+        }
+    }
+
     /// On the owner: frees what was handed back since the last drain.
     func drain() {
+        if returned.load(ordering: .relaxed) != 0 { freeReturned() }
         guard waiting.load(ordering: .relaxed) > 0 else { return }
         freeAll(closing: false)
     }
@@ -75,6 +122,7 @@ final class ReleaseList: @unchecked Sendable {
         guard !isOpen else { return }
         isOpen = true
         lock.withLock { accepting = true }
+        takingParts.store(true, ordering: .sequentiallyConsistent)
     }
 
     /// On the owner, before it sleeps or exits: takes nothing more and frees
@@ -82,6 +130,8 @@ final class ReleaseList: @unchecked Sendable {
     func close() {
         guard isOpen else { return }
         isOpen = false
+        takingParts.store(false, ordering: .sequentiallyConsistent)
+        freeReturned()
         freeAll(closing: true)
     }
 }
