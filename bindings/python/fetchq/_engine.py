@@ -102,6 +102,25 @@ _LAZY_LOCK = threading.RLock()    # converting/releasing held json_t (reentrant:
                                   # a finalizer may read another lazy field)
 
 
+# json.loads' own C scanner, with json.loads' default settings.
+_SCAN_ONCE = _json.JSONDecoder().scan_once
+
+
+def _loads_checked(text: str) -> Any:
+    """``json.loads(text)`` for a body the engine checked as one JSON value,
+    without json.loads' two whitespace regex matches around the scan (about
+    0.8 µs of a 3 KB response's 20). Leading whitespace, trailing bytes that
+    are not whitespace or anything unexpected take json.loads itself, which
+    gives its own value or error."""
+    try:
+        value, end = _SCAN_ONCE(text, 0)
+    except (StopIteration, ValueError):
+        return _json.loads(text)
+    if end != len(text) and text[end:].strip(" \t\n\r"):
+        return _json.loads(text)
+    return value
+
+
 def _drop_held(obj: Any) -> None:
     """Releases obj's held array once no pointer is left to convert and no
     body left to copy (caller holds _LAZY_LOCK)."""
@@ -300,7 +319,7 @@ class Response(_HeldHTTPParts):
             with _LAZY_LOCK:
                 text = _ffi.body_text(self._hold.address) if self._body is _PENDING else None
             if text is not None:
-                return _json.loads(text)
+                return _loads_checked(text)
         return _json.loads(self.body)
 
     @property

@@ -450,6 +450,32 @@ def test_plain_get_request_object_is_equivalent(net_engine: fetchq.Engine, serve
     _ffi.decref(ptr)
 
 
+def test_checked_loads_equals_json_loads() -> None:
+    """json() of a checked body scans it without json.loads' whitespace
+    matches; for any text it must give json.loads' value or its error."""
+    texts = ["[1]", " [1]", "[1] ", "[1]\n\t\r ", '"x"', "1", "-0", "1e400", "NaN", "[1] x", "",
+             "  ", '{"a":1}{}', '{"a":1,"a":2}', "\ufeff[1]", "[1]\u00a0"]
+    for name in sorted(os.listdir(SUITE)):
+        try:
+            texts.append((SUITE / name).read_bytes().decode("utf-8"))
+        except UnicodeDecodeError:
+            continue
+    assert len(texts) > 250
+
+    def outcome(fn: Any, text: str) -> Any:
+        try:
+            return ("value", fn(text))
+        except RecursionError:
+            return ("error", "RecursionError")
+        except ValueError as e:
+            return ("error", type(e).__name__, str(e))
+
+    for text in texts:
+        a, b = outcome(_engine._loads_checked, text), outcome(json.loads, text)
+        # repr tells 1 from 1.0 and True, -0.0 from 0.0, and NaN equals NaN
+        assert a[0] == b[0] and (repr(a[1]) == repr(b[1]) if a[0] == "value" else a == b), text[:60]
+
+
 def test_plain_request_objects_are_reused_and_never_shared(server: Server) -> None:
     """Plain requests reuse a few {"method", "url"} objects (a new URL set
     into one for each submit): from 8 threads at once every request still
