@@ -4,6 +4,7 @@ and child events on the loop's thread; task cancellation cancels operations."""
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import threading
 import time
@@ -231,3 +232,31 @@ def test_cancelling_a_task_aborts_the_request(server: Server) -> None:
             await q.wait(timeout=TIMEOUT)
             assert engine.stats()["cancelled"] == 5
     run(main)
+
+
+def _transfer_threads() -> int:
+    """How many of this process's threads are transfer threads now."""
+    count = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open("/proc/self/task/%s/comm" % tid) as f:
+                count += f.read().strip() == "fetchq-curl"
+        except OSError:
+            continue  # the thread ended meanwhile
+    return count
+
+
+@pytest.mark.parametrize("config, expected", [({}, 1), ({"transfer_threads": 2}, 2)])
+def test_an_async_engine_runs_one_transfer_thread_unless_told(server: Server, config: Dict[str, Any],
+                                                             expected: int) -> None:
+    before = _transfer_threads()
+
+    async def main() -> int:
+        async with fetchq.AsyncEngine(**config) as engine:
+            q = engine.queue("tt", max_concurrent=8)
+            rs = await asyncio.gather(*(q.arequest("GET", server.url("/json?size=100&i=%d" % i),
+                                                   coalesce=False) for i in range(16)))
+            assert all(r.status == 200 for r in rs)
+            return _transfer_threads() - before
+
+    assert run(main) == expected
