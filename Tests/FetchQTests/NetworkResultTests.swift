@@ -71,6 +71,28 @@ import Testing
         #expect(HTTPInfo(empty, queueWaitMs: 0, attempts: 1, fromCache: false).bodyBytes == nil)
     }
 
+    /// Up to 64 KiB the body is copied when the result is made; a larger one
+    /// on the first bodyBytes, once, also when threads race for it. Both give
+    /// the body's bytes at one address, and the lazy value parses either.
+    @Test(arguments: [HTTPDetails.eagerCopyLimit, HTTPDetails.eagerCopyLimit + 1, 1 << 20])
+    func bodiesOfEverySizeAreAtOneAddress(size: Int) throws {
+        let text = "[" + String(repeating: "1,", count: (size - 3) / 2) + String(repeating: " ", count: (size - 3) % 2) + "1]"
+        let bytes = Array(text.utf8)
+        #expect(bytes.count == size)
+        for _ in 0..<10 {
+            let info = HTTPInfo(HTTPResponse(status: 200, headers: [], body: bytes, effectiveURL: "", metrics: TransferMetrics()),
+                                queueWaitMs: 0, attempts: 1, fromCache: false)
+            let seen = TestCollector<UInt>()
+            runThreads(4) { _ in seen.add(UInt(bitPattern: info.bodyBytes?.baseAddress)) }
+            let all = try #require(seen.wait(for: 4, timeout: 10))
+            #expect(Set(all).count == 1 && all[0] != 0)
+            #expect(info.bodyBytes.map(Array.init) == bytes && info.body == bytes)
+            var lazy = info  // the same details
+            lazy.lazyValueDepth = 8
+            #expect(lazy.lazyValue.map { json_array_size($0.pointer) } == (size - 1) / 2)
+        }
+    }
+
     @Test func concurrentFirstReadsGetOneObject() throws {
         for _ in 0..<50 {
             let info = HTTPInfo(Self.response(), queueWaitMs: 0, attempts: 1, fromCache: false)

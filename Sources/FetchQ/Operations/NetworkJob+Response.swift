@@ -52,15 +52,24 @@ public struct HTTPInfo: Sendable {
 /// cannot see into (see `Locked`), and rather than `Locked`, which would cost
 /// two more allocations per result.
 ///
-/// The body is kept in one allocation that never moves, so `fq_result_body`
-/// hands out its address. It is copied there when the result is made, on
-/// the thread that received it, while the bytes are still in that core's
-/// cache; copying on the first `fq_result_body` instead cost a binding's
-/// thread 2.4 µs per 3 KB response (bench/findings.md, "Seventh round").
+/// `fq_result_body` hands out the body at an address that never moves. A
+/// body of up to `eagerCopyLimit` bytes is copied there when the result is
+/// made, on the thread that received it, while the bytes are still in that
+/// core's cache: copying it on the first `fq_result_body` cost a binding's
+/// thread 2.4 µs per 3 KB response (bench/findings.md, "Seventh round"). A
+/// larger body stays in its array until the first `bodyBytes` copies it
+/// (published like the built parts): copying megabytes that nobody may read
+/// would cost more than it saves.
 final class HTTPDetails: Sendable {
+    static let eagerCopyLimit = 64 * 1024
     let headerList: [(name: String, value: String)]?
-    /// Immutable after init; nil when the body is empty.
+    /// A body of up to `eagerCopyLimit` bytes; nil when empty or larger.
+    /// Immutable after init.
     nonisolated(unsafe) private let storage: UnsafeMutableBufferPointer<UInt8>?
+    /// A larger body; empty otherwise.
+    private let largeBody: [UInt8]
+    /// 0, or the bit pattern of `largeBody`'s copy (`largeBody.count` bytes).
+    private let builtBody = Atomic<UInt>(0)
     let transfer: TransferMetrics?
     let queueWaitMs: Double
     let attempts: Int
@@ -76,12 +85,18 @@ final class HTTPDetails: Sendable {
 
     init(response: HTTPResponse?, queueWaitMs: Double, attempts: Int, fromCache: Bool) {
         headerList = response?.headers
-        if let body = response?.body, !body.isEmpty {
+        let body = response?.body ?? []
+        if body.count > Self.eagerCopyLimit {
+            storage = nil
+            largeBody = body
+        } else if body.isEmpty {
+            storage = nil
+            largeBody = []
+        } else {
             let copy = UnsafeMutableBufferPointer<UInt8>.allocate(capacity: body.count)
             _ = copy.initialize(from: body)
             storage = copy
-        } else {
-            storage = nil
+            largeBody = []
         }
         transfer = response?.metrics
         self.queueWaitMs = queueWaitMs
@@ -90,18 +105,46 @@ final class HTTPDetails: Sendable {
     }
 
     deinit {
-        for word in [builtHeaders.load(ordering: .acquiring), builtMetrics.load(ordering: .acquiring),
-                     builtValue.load(ordering: .acquiring)] {
-            if let p = UnsafeRawPointer(bitPattern: word) { Unmanaged<JSONRef>.fromOpaque(p).release() }
-        }
+        Self.releaseBuilt(builtHeaders)
+        Self.releaseBuilt(builtMetrics)
+        Self.releaseBuilt(builtValue)
         storage?.deallocate()
+        UnsafeMutableRawPointer(bitPattern: builtBody.load(ordering: .acquiring))?.deallocate()
     }
 
-    /// A copy of the body.
-    var body: [UInt8] { storage.map { Array($0) } ?? [] }
+    private static func releaseBuilt(_ slot: borrowing Atomic<UInt>) {
+        if let p = UnsafeRawPointer(bitPattern: slot.load(ordering: .acquiring)) {
+            Unmanaged<JSONRef>.fromOpaque(p).release()
+        }
+    }
 
-    /// The body where it is kept (see the type's comment); nil when empty.
-    var bodyBytes: UnsafeBufferPointer<UInt8>? { storage.map { UnsafeBufferPointer($0) } }
+    /// The body (a copy of a small one).
+    var body: [UInt8] { storage.map { Array($0) } ?? largeBody }
+
+    /// Calls `body` with the body's bytes, wherever they are kept.
+    private func withBody<T>(_ body: (UnsafeRawBufferPointer) -> T) -> T {
+        if let storage { return body(UnsafeRawBufferPointer(storage)) }
+        return largeBody.withUnsafeBytes(body)
+    }
+
+    /// The body at an address that never moves (see the type's comment); nil
+    /// when empty.
+    var bodyBytes: UnsafeBufferPointer<UInt8>? {
+        if let storage { return UnsafeBufferPointer(storage) }
+        guard !largeBody.isEmpty else { return nil }
+        let count = largeBody.count
+        if let p = UnsafeMutableRawPointer(bitPattern: builtBody.load(ordering: .acquiring)) {
+            return UnsafeBufferPointer(start: p.assumingMemoryBound(to: UInt8.self), count: count)
+        }
+        let copy = UnsafeMutableBufferPointer<UInt8>.allocate(capacity: count)
+        _ = copy.initialize(from: largeBody)
+        let (won, current) = builtBody.compareExchange(
+            expected: 0, desired: UInt(bitPattern: copy.baseAddress), ordering: .acquiringAndReleasing)
+        if won { return UnsafeBufferPointer(copy) }
+        copy.deallocate()
+        let winner = UnsafeMutableRawPointer(bitPattern: current)!.assumingMemoryBound(to: UInt8.self)
+        return UnsafeBufferPointer(start: winner, count: count)
+    }
 
     /// The object published in `slot`, building and publishing it first if
     /// needed (nil, and nothing published, when `make` gives nil).
@@ -135,10 +178,7 @@ final class HTTPDetails: Sendable {
     /// The body parsed (option "lazy_parse"). It was checked at the end of
     /// the transfer, so this only fails if jansson ran out of memory.
     func value(maxDepth: Int) -> JSONRef? {
-        Self.shared(builtValue) {
-            try? JSONParser.parse(UnsafeRawBufferPointer(bodyBytes ?? UnsafeBufferPointer(start: nil, count: 0)),
-                                  maxDepth: maxDepth)
-        }
+        Self.shared(builtValue) { withBody { try? JSONParser.parse($0, maxDepth: maxDepth) } }
     }
 }
 
