@@ -148,6 +148,60 @@ import Testing
         #expect(!list.take(third))
     }
 
+    /// Results can share their response parts: the parts go on one stack
+    /// once; a second take while they are there is refused (its reference is
+    /// dropped by the caller), and after the owner took them off they can go
+    /// back again.
+    @Test func sharedResponsePartsGoOnTheStackOnce() {
+        let list = ReleaseList()
+        let other = ReleaseList()
+        list.open()
+        other.open()
+        var shared: HTTPDetails? = parts()
+        let watch = Watch(shared!)
+        #expect(list.take(shared!))
+        #expect(!list.take(shared!))   // on the stack already
+        #expect(!other.take(shared!))  // on another list's stack: refused too
+        list.drain()                   // drops the stack's reference only
+        #expect(watch.parts != nil)
+        #expect(other.take(shared!))   // off the stack: it can go back
+        shared = nil
+        #expect(watch.parts != nil)    // held by `other`
+        other.drain()
+        #expect(watch.parts == nil)
+        list.close()
+        other.close()
+    }
+
+    /// Two results sharing parts, dropped on other threads at the same time
+    /// as the owner drains: freed once, after both.
+    @Test func sharedPartsDroppedConcurrentlyAreFreedOnce() {
+        let list = ReleaseList()
+        let watches = TestCollector<Watch>()
+        let stop = Atomic<Bool>(false)
+        let owner = startThread(name: "release-owner") {
+            list.makeCurrent()
+            var round = 0
+            while !stop.load(ordering: .acquiring) && round < 10_000_000 {
+                round += 1
+                list.open()
+                list.drain()
+            }
+            list.close()
+        }
+        runThreads(4) { _ in
+            for _ in 0..<2_000 {
+                let p = self.parts()
+                watches.add(Watch(p))
+                for _ in 0..<3 { _ = list.take(p) }  // as three results sharing it would
+            }
+        }
+        stop.store(true, ordering: .releasing)
+        joinThread(owner)
+        #expect(watches.all.count == 8_000)
+        #expect(watches.all.allSatisfy { $0.parts == nil })
+    }
+
     @Test func resultFreedElsewhereHandsItsResponsePartsBack() {
         let list = ReleaseList()
         list.open()

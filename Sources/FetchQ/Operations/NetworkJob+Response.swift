@@ -78,6 +78,9 @@ final class HTTPDetails: Sendable {
     /// The next on a `ReleaseList`'s stack of response parts handed back
     /// (used only while on it).
     let nextReturned = Atomic<UInt>(0)
+    /// On such a stack now (set by the push that links it, cleared by the
+    /// thread that takes it off): one object is on one stack at most.
+    let onReturnedStack = Atomic<Bool>(false)
     /// 0, or the bit pattern of an `Unmanaged<JSONRef>` holding one retain.
     private let builtHeaders = Atomic<UInt>(0)
     private let builtMetrics = Atomic<UInt>(0)

@@ -68,9 +68,13 @@ final class ReleaseList: @unchecked Sendable {
     }
 
     /// Any thread: keeps `parts` for the owner to free. False when the owner
-    /// is not taking them now; the caller then lets them go itself.
+    /// is not taking them now, or when `parts` is on a stack already (results
+    /// can share one: a result rewritten as cancelled keeps the response);
+    /// the caller then lets its reference go itself.
     func take(_ parts: HTTPDetails) -> Bool {
         guard takingParts.load(ordering: .sequentiallyConsistent) else { return false }
+        guard parts.onReturnedStack.compareExchange(
+            expected: false, desired: true, ordering: .acquiringAndReleasing).exchanged else { return false }
         let bits = UInt(bitPattern: Unmanaged.passRetained(parts).toOpaque())
         var top = returned.load(ordering: .sequentiallyConsistent)
         while true {
@@ -93,7 +97,9 @@ final class ReleaseList: @unchecked Sendable {
         var bits = returned.exchange(0, ordering: .sequentiallyConsistent)
         while let pointer = UnsafeRawPointer(bitPattern: bits) {
             let parts = Unmanaged<HTTPDetails>.fromOpaque(pointer)
-            bits = parts.takeUnretainedValue().nextReturned.load(ordering: .relaxed)
+            let object = parts.takeUnretainedValue()
+            bits = object.nextReturned.load(ordering: .relaxed)
+            object.onReturnedStack.store(false, ordering: .releasing)  // off the stack: may go on one again
             parts.release()
         }
     }
