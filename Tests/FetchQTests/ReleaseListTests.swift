@@ -176,30 +176,9 @@ import Testing
     /// Two results sharing parts, dropped on other threads at the same time
     /// as the owner drains: freed once, after both.
     @Test func sharedPartsDroppedConcurrentlyAreFreedOnce() {
-        let list = ReleaseList()
-        let watches = TestCollector<Watch>()
-        let stop = Atomic<Bool>(false)
-        let owner = startThread(name: "release-owner") {
-            list.makeCurrent()
-            var round = 0
-            while !stop.load(ordering: .acquiring) && round < 10_000_000 {
-                round += 1
-                list.open()
-                list.drain()
-            }
-            list.close()
-        }
-        runThreads(4) { _ in
-            for _ in 0..<2_000 {
-                let p = self.parts()
-                watches.add(Watch(p))
-                for _ in 0..<3 { _ = list.take(p) }  // as three results sharing it would
-            }
-        }
-        stop.store(true, ordering: .releasing)
-        joinThread(owner)
-        #expect(watches.all.count == 8_000)
-        #expect(watches.all.allSatisfy { $0.parts == nil })
+        let watches = handBackUnderLoad(takes: 3, closeEvery: nil)
+        #expect(watches.count == 8_000)
+        #expect(watches.allSatisfy { $0.parts == nil })
     }
 
     @Test func resultFreedElsewhereHandsItsResponsePartsBack() {
@@ -223,10 +202,19 @@ import Testing
     /// its own: every part is freed exactly once (a part freed twice would
     /// crash; one left over would still be alive at the end).
     @Test func concurrentHandBacksAreEachFreedOnce() {
+        let watches = handBackUnderLoad(takes: 1, closeEvery: 3)
+        #expect(watches.count == 8_000)
+        #expect(watches.allSatisfy { $0.parts == nil })
+    }
+
+    /// Four threads hand back 2 000 parts each, `takes` times per part (as
+    /// that many results sharing it would), while an owner thread opens and
+    /// drains its list until they are done, closing it every `closeEvery`
+    /// rounds when given. Returns a watch on every part.
+    func handBackUnderLoad(takes: Int, closeEvery: Int?) -> [Watch] {
         let list = ReleaseList()
         let watches = TestCollector<Watch>()
         let stop = Atomic<Bool>(false)
-        let ownerRounds = Atomic<Int>(0)
         let owner = startThread(name: "release-owner") {
             list.makeCurrent()
             var round = 0
@@ -234,23 +222,19 @@ import Testing
                 round += 1
                 list.open()
                 list.drain()
-                if round % 3 == 0 { list.close() }
+                if let closeEvery, round % closeEvery == 0 { list.close() }
             }
             list.close()
-            ownerRounds.store(round, ordering: .relaxed)
         }
         runThreads(4) { _ in
-            for _ in 0..<5_000 {
+            for _ in 0..<2_000 {
                 let p = self.parts()
                 watches.add(Watch(p))
-                _ = list.take(p)  // false: this thread lets it go
+                for _ in 0..<takes { _ = list.take(p) }  // false: this thread lets it go
             }
         }
         stop.store(true, ordering: .releasing)
         joinThread(owner)
-        let all = watches.all
-        #expect(all.count == 20_000)
-        #expect(all.allSatisfy { $0.parts == nil })
-        #expect(ownerRounds.load(ordering: .relaxed) > 0)
+        return watches.all
     }
 }
