@@ -342,8 +342,10 @@ def main() -> None:
       "as it completes (`json()`, Python's `json.loads` of the body) and then dropped (holding all N parsed "
       "responses to the end costs about 50 µs per response in Python's cyclic GC: Findings, Fifth round). "
       "The binding submits requests with `\"lazy_parse\"`: the engine checks every body as JSON (invalid JSON "
-      "fails the request) but builds no jansson value nobody reads (Findings, Sixth round); aiohttp and httpx with C worker coroutines sharing one "
-      f"client limited to C connections, `response.json()` each. N = {meta['p4_n']:,} (not 50 000) to keep "
+      "fails the request) but builds no jansson value nobody reads (Findings, Sixth round); an `AsyncEngine` "
+      "runs one transfer thread unless told otherwise (Findings, Seventh round). aiohttp and httpx with C worker coroutines sharing one "
+      f"client limited to C connections, `response.json()` each. Every client's module is imported before the "
+      f"clock starts; creating the engine or session is timed. N = {meta['p4_n']:,} (not 50 000) to keep "
       "`make bench` within its time budget: httpx does 500–2 000 req/s here, so 50 000 requests would "
       "take up to 100 s per run.")
     w("- **P5**: RSS from `/proc/self/statm` after a warm-up, before and after submitting the ops "
