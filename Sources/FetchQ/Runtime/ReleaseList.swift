@@ -25,14 +25,14 @@ import Synchronization
 /// and taken whole with an exchange, by the owner or by a pusher that finds
 /// the owner stopped taking meanwhile.
 ///
-/// `@unchecked Sendable`: `items` and `accepting` are guarded by `lock`;
-/// `isOpen` is read and written only on the owner thread; `returned` and
-/// `takingParts` are atomics.
+/// `@unchecked Sendable`: `items` is guarded by `lock`; `isOpen` is read and
+/// written only on the owner thread; `accepting`, `returned` and `waiting`
+/// are atomics.
 final class ReleaseList: @unchecked Sendable {
     private let lock = ConditionLock()
     private var items: [JSONRef] = []
     /// The owner is awake and will drain before it sleeps or exits.
-    private var accepting = false
+    private let accepting = Atomic<Bool>(false)
     /// `accepting` as the owner last set it (owner thread only): repeated
     /// `open`/`close` calls cost nothing.
     private(set) var isOpen = false
@@ -41,8 +41,6 @@ final class ReleaseList: @unchecked Sendable {
     /// The top of the stack of response parts handed back: 0, or the bits of
     /// an `Unmanaged<HTTPDetails>` holding one retain.
     private let returned = Atomic<UInt>(0)
-    /// The owner is awake and takes response parts (`accepting`, lock-free).
-    private let takingParts = Atomic<Bool>(false)
 
     /// The list of the worker running on this thread; nil on other threads.
     static var current: ReleaseList? {
@@ -61,7 +59,9 @@ final class ReleaseList: @unchecked Sendable {
     func take(_ value: JSONRef) -> Bool {
         lock.lock()
         defer { lock.unlock() }
-        guard accepting else { return false }
+        // Read under the lock: a value appended before `close` stored false
+        // is in `items` when `close` takes them after storing false.
+        guard accepting.load(ordering: .sequentiallyConsistent) else { return false }
         items.append(value)
         waiting.store(items.count, ordering: .relaxed)
         return true
@@ -72,7 +72,7 @@ final class ReleaseList: @unchecked Sendable {
     /// can share one: a result rewritten as cancelled keeps the response);
     /// the caller then lets its reference go itself.
     func take(_ parts: HTTPDetails) -> Bool {
-        guard takingParts.load(ordering: .sequentiallyConsistent) else { return false }
+        guard accepting.load(ordering: .sequentiallyConsistent) else { return false }
         guard parts.onReturnedStack.compareExchange(
             expected: false, desired: true, ordering: .acquiringAndReleasing).exchanged else { return false }
         let bits = UInt(bitPattern: Unmanaged.passRetained(parts).toOpaque())
@@ -87,7 +87,7 @@ final class ReleaseList: @unchecked Sendable {
         // The owner may have stopped between the check and the push, and
         // emptied the stack before it: then this thread frees what is there,
         // rather than leave it to a thread that may not run again.
-        if !takingParts.load(ordering: .sequentiallyConsistent) { freeReturned() }
+        if !accepting.load(ordering: .sequentiallyConsistent) { freeReturned() }
         return true
     }
 
@@ -108,15 +108,14 @@ final class ReleaseList: @unchecked Sendable {
     func drain() {
         if returned.load(ordering: .relaxed) != 0 { freeReturned() }
         guard waiting.load(ordering: .relaxed) > 0 else { return }
-        freeAll(closing: false)
+        freeAll()
     }
 
-    /// Takes everything held (and, closing, stops taking more) under one
-    /// lock, then releases it on this thread.
-    private func freeAll(closing: Bool) {
+    /// Takes everything held under one lock, then releases it on this
+    /// thread.
+    private func freeAll() {
         var batch: [JSONRef] = []
         lock.withLock {
-            if closing { accepting = false }
             swap(&batch, &items)
             waiting.store(0, ordering: .relaxed)
         }
@@ -127,8 +126,7 @@ final class ReleaseList: @unchecked Sendable {
     func open() {
         guard !isOpen else { return }
         isOpen = true
-        lock.withLock { accepting = true }
-        takingParts.store(true, ordering: .sequentiallyConsistent)
+        accepting.store(true, ordering: .sequentiallyConsistent)
     }
 
     /// On the owner, before it sleeps or exits: takes nothing more and frees
@@ -136,8 +134,8 @@ final class ReleaseList: @unchecked Sendable {
     func close() {
         guard isOpen else { return }
         isOpen = false
-        takingParts.store(false, ordering: .sequentiallyConsistent)
+        accepting.store(false, ordering: .sequentiallyConsistent)
         freeReturned()
-        freeAll(closing: true)
+        freeAll()
     }
 }

@@ -240,9 +240,7 @@ class Response(_HeldHTTPParts):
         self.status = int(L.fq_result_http_status(result))
         self.op_id = op_id
         self.from_cache = bool(L.fq_result_from_cache(result)) if core.has_from_cache else False
-        length = ctypes.c_size_t(0)
-        address = L.fq_result_body(result, ctypes.byref(length))
-        size = length.value
+        address, size = _ffi.body_at(result)
         if value_is_body and core.has_result_retain and size <= _RETAIN_BODY_LIMIT:
             # Keep the fq_result itself: its headers and metrics are built
             # (in C too) only if read, and its value is the body's parse.

@@ -805,10 +805,15 @@ def progress_of(event: int) -> Tuple[int, int]:
     return received.value, expected.value
 
 
-def body_of(result: int) -> bytes:
+def body_at(result: int) -> Tuple[Optional[int], int]:
+    """(address, length) of a result's body (fq_result_body)."""
     length = c_size_t(0)
     address = lib().fq_result_body(result, byref(length))
-    return bytes_at(address, length.value)
+    return address, length.value
+
+
+def body_of(result: int) -> bytes:
+    return bytes_at(*body_at(result))
 
 
 def _utf8_decoder() -> Optional[Callable[[Any, int, Optional[bytes]], str]]:
@@ -828,9 +833,7 @@ _DECODE_UTF8 = _utf8_decoder()
 
 def body_text(result: int) -> str:
     """The body of a result as str, decoded as UTF-8 (strict)."""
-    length = c_size_t(0)
-    address = lib().fq_result_body(result, byref(length))
-    size = length.value
+    address, size = body_at(result)
     if not address or not size:
         return ""
     if _DECODE_UTF8 is not None:
