@@ -5,14 +5,19 @@
  * json_loadb and checked, exactly the work fetchq does for a request with
  * "parse": "json".
  *
- *   curl_jansson_client URL N C [KEY]   GET URL?i=0 .. URL?i=N-1, C at a time; each
- *                                       body must parse to an object with KEY ("items")
+ *   curl_jansson_client URL N C [KEY [THREADS]]
+ *       GET URL?i=0 .. URL?i=N-1, C at a time; each body must parse to an
+ *       object with KEY ("items"). THREADS (default 1, the anchor) splits the
+ *       requests and connections over that many threads, each with its own
+ *       multi handle: `make bench` runs it with 2 as the ceiling of a client
+ *       that does nothing else on this 2-core machine.
  *
- * Prints {"bench":"p2-anchor","n","concurrency","seconds","rate"} on stdout.
+ * Prints {"bench":"p2-anchor","n","concurrency","threads","seconds","rate"} on stdout.
  */
 #define _GNU_SOURCE
 #include <curl/curl.h>
 #include <jansson.h>
+#include <pthread.h>
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,31 +49,29 @@ static double now_s(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-int main(int argc, char **argv) {
-    if (argc != 4 && argc != 5) {
-        fprintf(stderr, "usage: curl_jansson_client URL N C [KEY]\n");
-        return 2;
-    }
-    const char *base = argv[1];
-    long n = atol(argv[2]);
-    int c = atoi(argv[3]);
-    const char *key = argc == 5 ? argv[4] : "items";
-    curl_global_init(CURL_GLOBAL_DEFAULT);
-    CURLM *multi = curl_multi_init();
-    curl_multi_setopt(multi, CURLMOPT_MAX_HOST_CONNECTIONS, (long)c);
-    slot *slots = calloc((size_t)c, sizeof *slots);
-    long next = 0, ok = 0, bad = 0, running_n = 0;
-    char url[1024];
+/* One client: its own multi handle, `c` connections, requests `first` ..
+ * `first + n - 1`. Each thread of the client runs one. */
+typedef struct {
+    const char *base, *key;
+    long first, n, ok;
+    int c;
+} client;
 
-    double t0 = now_s();
-    for (int i = 0; i < c && next < n; i++, next++) {
+static void *run_client(void *arg) {
+    client *cl = arg;
+    CURLM *multi = curl_multi_init();
+    curl_multi_setopt(multi, CURLMOPT_MAX_HOST_CONNECTIONS, (long)cl->c);
+    slot *slots = calloc((size_t)cl->c, sizeof *slots);
+    long next = 0, bad = 0, running_n = 0;
+    char url[1024];
+    for (int i = 0; i < cl->c && next < cl->n; i++, next++) {
         slot *s = &slots[i];
         s->easy = curl_easy_init();
         curl_easy_setopt(s->easy, CURLOPT_WRITEFUNCTION, on_body);
         curl_easy_setopt(s->easy, CURLOPT_WRITEDATA, s);
         curl_easy_setopt(s->easy, CURLOPT_PRIVATE, s);
         curl_easy_setopt(s->easy, CURLOPT_NOSIGNAL, 1L);
-        snprintf(url, sizeof url, "%s?i=%ld", base, next);
+        snprintf(url, sizeof url, "%s?i=%ld", cl->base, cl->first + next);
         curl_easy_setopt(s->easy, CURLOPT_URL, url);
         curl_multi_add_handle(multi, s->easy);
         running_n++;
@@ -87,15 +90,15 @@ int main(int argc, char **argv) {
             curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &status);
             json_error_t err;
             json_t *v = msg->data.result == CURLE_OK && status == 200 ? json_loadb(s->buf, s->len, 0, &err) : NULL;
-            if (json_is_object(v) && json_object_get(v, key)) ok++;
+            if (json_is_object(v) && json_object_get(v, cl->key)) cl->ok++;
             else if (bad++ < 3) fprintf(stderr, "curl_jansson_client: request failed (curl %d, HTTP %ld)\n",
                                         msg->data.result, status);
             json_decref(v);
             s->len = 0;
             curl_multi_remove_handle(multi, easy);
             running_n--;
-            if (next < n) {
-                snprintf(url, sizeof url, "%s?i=%ld", base, next++);
+            if (next < cl->n) {
+                snprintf(url, sizeof url, "%s?i=%ld", cl->base, cl->first + next++);
                 curl_easy_setopt(easy, CURLOPT_URL, url);
                 curl_multi_add_handle(multi, easy);
                 running_n++;
@@ -103,19 +106,51 @@ int main(int argc, char **argv) {
         }
         if (running_n > 0) curl_multi_poll(multi, NULL, 0, 1000, NULL);
     }
-    double t = now_s() - t0;
-    for (int i = 0; i < c; i++) {
+    for (int i = 0; i < cl->c; i++) {
         if (slots[i].easy) curl_easy_cleanup(slots[i].easy);
         free(slots[i].buf);
     }
     free(slots);
     curl_multi_cleanup(multi);
+    return NULL;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 4 || argc > 6) {
+        fprintf(stderr, "usage: curl_jansson_client URL N C [KEY [THREADS]]\n");
+        return 2;
+    }
+    long n = atol(argv[2]);
+    int c = atoi(argv[3]);
+    int threads = argc == 6 ? atoi(argv[5]) : 1;
+    if (n < 1 || c < 1 || threads < 1 || threads > c || threads > 64) {
+        fprintf(stderr, "curl_jansson_client: need N >= 1 and 1 <= THREADS <= min(C, 64)\n");
+        return 2;
+    }
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    client clients[64];
+    pthread_t tids[64];
+    long first = 0;
+    for (int t = 0; t < threads; t++) {
+        long share = n / threads + (t < n % threads);
+        clients[t] = (client){.base = argv[1], .key = argc >= 5 ? argv[4] : "items", .first = first, .n = share,
+                              .c = c / threads + (t < c % threads)};
+        first += share;
+    }
+    double t0 = now_s();
+    for (int t = 0; t < threads; t++) pthread_create(&tids[t], NULL, run_client, &clients[t]);
+    long ok = 0;
+    for (int t = 0; t < threads; t++) {
+        pthread_join(tids[t], NULL);
+        ok += clients[t].ok;
+    }
+    double t = now_s() - t0;
     curl_global_cleanup();
     if (ok != n) {
         fprintf(stderr, "curl_jansson_client: %ld of %ld succeeded\n", ok, n);
         return 1;
     }
-    printf("{\"bench\":\"p2-anchor\",\"n\":%ld,\"concurrency\":%d,\"seconds\":%.6f,\"rate\":%.3f}\n", n, c, t,
-           (double)n / t);
+    printf("{\"bench\":\"p2-anchor\",\"n\":%ld,\"concurrency\":%d,\"threads\":%d,\"seconds\":%.6f,\"rate\":%.3f}\n", n, c,
+           threads, t, (double)n / t);
     return 0;
 }

@@ -190,6 +190,44 @@ def table(recs: Records, meta: Dict[str, Any]) -> Tuple[List[str], List[str]]:
     return lines, problems
 
 
+# Ceilings: the least program that does a benchmark's work on this machine,
+# run in the same rounds. (id, fetchq results id, ceiling side, what it is,
+# anchor results id, anchor side, anchor name, goal ratio)
+CEILINGS = [
+    ("P1", "P1-plain", "bare", "a bare mutex-and-FIFO queue in C on 2 threads (`bench/bare_queue.c`)",
+     "P1-plain", "anchor", "OperationQueue", 10.0),
+    ("P2", "P2-c8", "curlj2", "the curl+jansson client on 2 threads, 8 concurrent", "P2-c8", "anchor",
+     "curl+jansson (1 thread)", 1.0),
+    ("P2", "P2-c64", "curlj2", "the curl+jansson client on 2 threads, 64 concurrent", "P2-c64", "anchor",
+     "curl+jansson (1 thread)", 1.0),
+    ("P3", "P2-c8", "curlj2", "the curl+jansson client on 2 threads, 8 concurrent", "P3-c8", "anchor", "wrk", 0.5),
+    ("P3", "P2-c64", "curlj2", "the curl+jansson client on 2 threads, 64 concurrent", "P3-c64", "anchor", "wrk",
+     0.5),
+    ("P7", "P7", "curlj2", "the curl+jansson client on 2 threads, GET + parse of a search response, 8 concurrent",
+     "P7", "anchor", "URLSession design", 10.0),
+]
+
+
+def ceilings(recs: Records) -> List[str]:
+    lines = ["| goal | the least program doing the work | its rate (median) | vs the anchor | goal "
+             "| can a bare program meet it here? | fetchq (better of default and inline) | fetchq / bare program |",
+             "|---|---|---|---|---|---|---|---|"]
+    for pid, fid, cside, what, aid, aside, aname, goal in CEILINGS:
+        c = values(recs, fid, cside, RATE)
+        a = values(recs, aid, aside, RATE)
+        if not c or not a:
+            continue
+        cm, am = statistics.median(c), statistics.median(a)
+        best = max(((statistics.median(v), side) for side in ("fetchq", "fetchq-inline")
+                    for v in [values(recs, fid, side, RATE)] if v), default=None)
+        reach = "yes" if cm / am >= goal else "**no**"
+        fcells = (f"{fmt(best[0])} ({'inline' if best[1] == 'fetchq-inline' else 'default'})",
+                  f"{best[0] / cm:.2f}×") if best else ("—", "—")
+        lines.append(f"| {pid} | {what} | {fmt(cm)}/s ({span(c)}) | {cm / am:.2f}× {aname} | ≥ {goal:g}× | {reach} "
+                     f"| {fcells[0]} | {fcells[1]} |")
+    return lines
+
+
 def latency(recs: Records) -> List[str]:
     lines = ["| run | queue wait p50 | queue wait p99 | request total p50 | request total p99 "
              "| submit→callback p50 | submit→callback p99 |", "|---|---|---|---|---|---|---|"]
@@ -278,6 +316,17 @@ def main() -> None:
           + (f"; {parse_s[0]:.1f} µs for a P7 search response ({1e6 / parse_s[0]:,.0f} per core)" if parse_s else "")
           + ". The machine has 2 cores, shared with nginx.")
         w("")
+    ceiling_rows = ceilings(recs)
+    if len(ceiling_rows) > 2:
+        w("### What this machine allows: the least program doing each unmet goal's work")
+        w("")
+        w("Run in the same rounds as the table above. Where even a bare program — no queue features, "
+          "nothing but the benchmark's own work — stays below a goal on these 2 cores, the goal is beyond "
+          "this machine for any client that does that work; where it reaches the goal, the gap is fetchq's "
+          "own work per operation (Findings, Eighth round).")
+        w("")
+        md.extend(ceiling_rows)
+        w("")
     if problems:
         w("Runs that failed (they count as missing, not as numbers):")
         w("")
@@ -357,6 +406,11 @@ def main() -> None:
       "asynchronous `Operation` per search on an `OperationQueue` (max 8) starting a `URLSession` "
       "data task (httpMaximumConnectionsPerHost 8, no URL cache), parsing with `JSONSerialization`, "
       "extracting and sorting the results by score before finishing.")
+    w("- **Ceilings** (not anchors, no goal): `bench/bare_queue.c` runs P1 plain's N no-op tasks on a "
+      "mutex, a condition variable, a FIFO of malloc'd tasks and 2 threads, each task counting as the "
+      "anchor's block does. `curl_jansson_client ... 2` is the P2 anchor split over 2 threads, each with its own "
+      "multi handle and half the connections; for P7 it fetches one search response (`/s/q1.json?i=N`) "
+      "like the P7+ row.")
     w("")
     md.extend(commands(recs, root))
     w("")

@@ -58,10 +58,11 @@ install_deps() {
 build() {
     mkdir -p "$OUT"
     local cflags="-std=c11 -O2 -g -Wall -Wextra -Werror"
-    log "building bench/fq_bench.c and bench/curl_jansson_client.c (-O2)"
+    log "building bench/fq_bench.c, bench/curl_jansson_client.c and bench/bare_queue.c (-O2)"
     cc $cflags -I"$BUILD/include" "$ROOT/bench/fq_bench.c" -L"$BUILD/lib" -lfetchq -ljansson -lpthread \
         -Wl,-rpath,"$BUILD/lib" -o "$OUT/fq_bench"
-    cc $cflags "$ROOT/bench/curl_jansson_client.c" -lcurl -ljansson -o "$OUT/curl_jansson_client"
+    cc $cflags "$ROOT/bench/curl_jansson_client.c" -lcurl -ljansson -lpthread -o "$OUT/curl_jansson_client"
+    cc $cflags "$ROOT/bench/bare_queue.c" -lpthread -o "$OUT/bare_queue"
     cc $cflags "$ROOT/bench/jansson_parse.c" -ljansson -o "$OUT/jansson_parse"
     log "building the Foundation anchors (bench/anchors, swift build -c release)"
     swift build -c release --package-path "$ROOT/bench/anchors" --scratch-path "$OUT/anchors" 2>&1 | tail -1 >&2
@@ -147,13 +148,15 @@ INLINE='{"delivery":"inline"}'
 run_all() {
     : >"$RESULTS"
     local r
-    log "P1: no-op ops, queue max 2 (rounds of: OperationQueue, fetchq)"
+    log "P1: no-op ops, queue max 2 (rounds of: OperationQueue, fetchq, and a bare C queue for plain)"
     for variant in plain prio chain; do
         local n=$P1_N
         [ "$variant" = chain ] && n=$P1_CHAIN_N
         for r in $(seq "$PAIRS"); do
             record "P1-$variant" anchor "$r" "$ANCHORS" p1 "$variant" "$n"
             record "P1-$variant" fetchq "$r" "$FQ" p1 "$variant" "$n"
+            # The ceiling: a bare mutex-and-FIFO queue in C, 2 threads.
+            if [ "$variant" = plain ]; then record "P1-$variant" bare "$r" "$OUT/bare_queue" "$n"; fi
         done
     done
     record "P1-chain-1M" fetchq 1 "$FQ" p1 chain "$P1_N"
@@ -162,13 +165,15 @@ run_all() {
     record parse info 1 "$OUT/jansson_parse" "$TMP/www/doc.json" 20000
     record parse-search info 1 "$OUT/jansson_parse" "$TMP/www/s/q1.json" 20000
 
-    log "P2/P3: GET + JSON parse from nginx (rounds of: curl+jansson, wrk, fetchq)"
+    log "P2/P3: GET + JSON parse from nginx (rounds of: curl+jansson, wrk, fetchq, fetchq inline, curl+jansson on 2 threads)"
     for c in 8 64; do
         for r in $(seq "$PAIRS"); do
             record "P2-c$c" anchor "$r" "$CURLJ" "$DOC_URL" "$P2_N" "$c"
             record "P3-c$c" anchor "$r" python3 -B "$ROOT/bench/wrk_json.py" "$DOC_URL" "$c" "$WRK_SECONDS"
             record "P2-c$c" fetchq "$r" "$FQ" p2 "$DOC_URL" "$P2_N" "$c"
             record "P2-c$c" fetchq-inline "$r" env "FQ_BENCH_CONFIG=$INLINE" "$FQ" p2 "$DOC_URL" "$P2_N" "$c"
+            # The ceiling: the same C client on 2 threads (each a multi handle, C/2 connections).
+            record "P2-c$c" curlj2 "$r" "$CURLJ" "$DOC_URL" "$P2_N" "$c" items 2
         done
     done
 
@@ -194,11 +199,12 @@ run_all() {
         record P6 fetchq "$r" "$FQ" p6 "$P6_N"
     done
 
-    log "P7: searches, max_concurrent 8 (rounds of: OperationQueue+URLSession+JSONSerialization, curl+jansson, fetchq)"
+    log "P7: searches, max_concurrent 8 (rounds of: OperationQueue+URLSession+JSONSerialization, curl+jansson on 1 and 2 threads, fetchq, fetchq inline)"
     for r in $(seq "$PAIRS"); do
         record P7 anchor "$r" "$ANCHORS" p7 "$SEARCH_TEMPLATE" "$P7_N" 8
         # The ceiling: the C client GETting and parsing one search document.
         record P7 curlj "$r" "$CURLJ" "${SEARCH_TEMPLATE/\{query\}/q1}" "$P7_N" 8 results
+        record P7 curlj2 "$r" "$CURLJ" "${SEARCH_TEMPLATE/\{query\}/q1}" "$P7_N" 8 results 2
         record P7 fetchq "$r" "$FQ" p7 "$SEARCH_TEMPLATE" "$P7_N" 8
         record P7 fetchq-inline "$r" env "FQ_BENCH_CONFIG=$INLINE" "$FQ" p7 "$SEARCH_TEMPLATE" "$P7_N" 8
     done
