@@ -436,6 +436,26 @@ fq_op_id fq_submit_async(fq_queue *queue, fq_async_fn fn, const json_t *options,
 fq_op_id fq_submit_request(fq_queue *queue, const json_t *request, const json_t *options,
                            fq_completion_fn done, void *userdata);
 
+/* Many requests at once: one operation per URL in `urls` (n UTF-8 strings,
+ * copied), each the BORROWED `request` object with that "url" (so `request`
+ * must not hold "url"; NULL is a plain GET), all with the same `options` and
+ * `done`, and userdata[i] for the i-th (`userdata` may be NULL: NULL for
+ * each). The same as n calls of fq_submit_request in order, except that the
+ * request, the options and every URL are checked before any operation is
+ * submitted, and the options are read once. The engine's lock is taken once
+ * per 64 operations, so a long batch does not hold up transfers that end
+ * meanwhile. Returns how many operations were submitted, their ids in ids[0],
+ * ids[1], ... (`ids` may be NULL): n, unless the queue was closed or the
+ * engine began shutting down during the call; then fewer, and
+ * fq_last_error() says why. Those submitted are ordinary operations, each
+ * with its callback; the others never get one. Returns a negative fq_status
+ * when nothing was submitted: an invalid request, option or URL (the message
+ * names urls[i]), a NULL queue, `urls` NULL or holding a NULL. n == 0
+ * returns 0. */
+int64_t fq_submit_requests(fq_queue *queue, const json_t *request, const char *const *urls, size_t n,
+                           const json_t *options, fq_completion_fn done, void *const *userdata,
+                           fq_op_id *ids);
+
 /* A search: `query` (UTF-8, copied) is percent-encoded (RFC 3986) into the
  * {query} of the engine's "search" "url" template; the response is parsed,
  * the results array extracted at the "results" pointer and sorted by the

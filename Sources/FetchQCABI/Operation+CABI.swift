@@ -119,6 +119,32 @@ public func fq_submit_request(_ handle: OpaquePointer?, _ request: UnsafePointer
 }
 
 @c @implementation
+public func fq_submit_requests(_ handle: OpaquePointer?, _ request: UnsafePointer<json_t>?,
+                               _ urls: UnsafePointer<UnsafePointer<CChar>?>?, _ n: Int, _ options: UnsafePointer<json_t>?,
+                               _ done: fq_completion_fn?, _ userdata: UnsafePointer<UnsafeMutableRawPointer?>?,
+                               _ ids: UnsafeMutablePointer<fq_op_id>?) -> Int64 {
+    guard let q = queue(handle) else { return Int64(fail(nullHandle)) }
+    guard n > 0 else { return 0 }
+    guard let urls else { return Int64(fail(.invalid, "urls is NULL")) }
+    var list: [String] = []
+    list.reserveCapacity(n)
+    for i in 0..<n {
+        guard let url = string(urls[i]) else { return Int64(fail(.invalid, "urls[\(i)] is NULL")) }
+        list.append(url)
+    }
+    do {
+        let (submitted, stopped) = try q.engine.submitRequests(request, urls: list, to: q, options: options) { i in
+            callback(done, userdata?[i])
+        }
+        if let ids { for (i, id) in submitted.enumerated() { ids[i] = id } }
+        if let stopped { _ = fail(stopped) }
+        return Int64(submitted.count)
+    } catch {
+        return Int64(fail(error))
+    }
+}
+
+@c @implementation
 public func fq_submit_search(_ handle: OpaquePointer?, _ query: UnsafePointer<CChar>?, _ options: UnsafePointer<json_t>?,
                              _ done: fq_completion_fn?, _ userdata: UnsafeMutableRawPointer?) -> fq_op_id {
     guard let q = queue(handle), let query = string(query) else { return fq_op_id(fail(.invalid, "NULL queue or query")) }

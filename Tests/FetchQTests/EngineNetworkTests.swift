@@ -314,4 +314,74 @@ import Testing
             #expect(c.count == files.count)
         }
     }
+
+    // MARK: - Many requests at once (fq_submit_requests)
+
+    @Test func submitRequestsMakesOneOperationPerURLInOrder() throws {
+        try withEngine { engine, queue, c in
+            let urls = (0..<70).map { server.url("/echo?i=\($0)") }
+            let request = json(#"{"method": "PUT", "headers": {"X-Batch": "1"}}"#)
+            let (ids, stopped) = try withExtendedLifetime(request) {
+                try engine.submitRequests(request.pointer, urls: urls, to: queue, options: nil) { _ in .swift(c.callback) }
+            }
+            #expect(stopped == nil)
+            #expect(ids.count == 70)
+            #expect(ids == ids.sorted() && Set(ids).count == 70)
+            let results = try #require(c.waitAll(ids))
+            for (i, r) in results.enumerated() {
+                #expect(r.outcome == .succeeded)
+                #expect(r.value?.at("/method")?.stringValue == "PUT")
+                #expect(r.value?.at("/query/i")?.stringValue == "\(i)")
+                #expect(r.value?.at("/headers/x-batch")?.stringValue == "1")
+            }
+            #expect(c.duplicates.isEmpty)
+        }
+    }
+
+    @Test func submitRequestsStopsWhereTheQueueClosedAndKeepsWhatWasSubmitted() throws {
+        try withEngine { engine, queue, c in
+            try resetStats()
+            queue.setSuspended(true)
+            let urls = (0..<100).map { server.url("/echo?i=\($0)") }
+            // The callbacks are made outside the engine lock, one batch of
+            // 64 at a time: closing the queue while the second batch is made
+            // stops the call after the first.
+            let (ids, stopped) = try engine.submitRequests(nil, urls: urls, to: queue, options: nil) { i in
+                if i == Engine.batchPerLock { queue.close() }
+                return .swift(c.callback)
+            }
+            #expect(ids.count == Engine.batchPerLock)
+            #expect(stopped != nil)
+            // The first 64 are ordinary operations of the closed queue: never
+            // started, cancelled, each called back once.
+            let results = try #require(c.waitAll(ids))
+            #expect(results.allSatisfy { $0.outcome == .cancelled })
+            #expect(c.count == Engine.batchPerLock)
+            #expect(c.duplicates.isEmpty)
+            #expect(try stats().at("/requests")?.integerValue == 0)
+        }
+    }
+
+    @Test func submitRequestsRejectsEverythingWhenOneURLIsBad() throws {
+        try withEngine { engine, queue, c in
+            try resetStats()
+            var urls = (0..<10).map { server.url("/echo?i=\($0)") }
+            urls[7] = "http://127.0.0.1:1/a b"
+            let error = #expect(throws: FetchQError.self) {
+                _ = try engine.submitRequests(nil, urls: urls, to: queue, options: nil) { _ in .swift(c.callback) }
+            }
+            #expect(error?.status == .invalid)
+            #expect(error?.message.hasPrefix("urls[7]: ") == true)
+            // Once the queue is closed, nothing is submitted: a throw, not an empty result.
+            urls[7] = server.url("/echo")
+            queue.close()
+            #expect(throws: FetchQError.self) {
+                _ = try engine.submitRequests(nil, urls: urls, to: queue, options: nil) { _ in .swift(c.callback) }
+            }
+            usleep(100_000)
+            #expect(c.count == 0)
+            #expect(try stats().at("/requests")?.integerValue == 0)
+        }
+    }
+
 }

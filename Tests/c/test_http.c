@@ -1521,3 +1521,112 @@ TEST(http_coalesced_gets_exactly_once_under_cancels) {
     fqt_engine_free(e);
     fqt_server_stop(&s);
 }
+
+/* fq_submit_requests: one operation per URL from one request object and one
+ * options object; everything checked before anything is submitted. */
+TEST(http_submit_requests_batch) {
+    fqt_server s;
+    fqt_server_start(&s, NULL);
+    fq_engine *e = fqt_engine(NULL);
+    fq_queue *q = fqt_queue(e, "q", 4);
+    enum { N = 150 }; /* more than two of the engine's 64-per-lock batches */
+    char *urls[N];
+    netrec *n = calloc(N, sizeof *n);
+    void *uds[N];
+    fq_op_id ids[N];
+    REQUIRE(n != NULL);
+    for (int i = 0; i < N; i++) {
+        char path[64];
+        snprintf(path, sizeof path, "/echo?i=%d", i);
+        char buf[256];
+        urls[i] = strdup(fqt_url(&s, path, buf, sizeof buf));
+        uds[i] = &n[i];
+        ids[i] = -100;
+    }
+    json_t *req = json_pack("{s:s, s:{s:s}, s:{s:s}, s:s}", "method", "POST", "headers", "X-Batch", "yes",
+                            "query", "q", "a b", "body", "hi");
+    json_t *opt = fqt_json("{\"priority\": 4, \"parse\": \"json\"}");
+    fqt_server_reset(&s);
+    CHECK_EQ_INT(fq_submit_requests(q, req, (const char *const *)urls, N, opt, net_done, uds, ids), N);
+    CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));
+    for (int i = 0; i < N; i++) {
+        char what[32];
+        snprintf(what, sizeof what, "urls[%d]", i);
+        if (i > 0 && ids[i] <= ids[i - 1]) FAILF("ids[%d] = %lld after %lld", i, (long long)ids[i],
+                                                 (long long)ids[i - 1]);
+        CHECK_EQ_INT(atomic_load(&n[i].r.calls), 1);
+        CHECK_EQ_INT(n[i].r.id, ids[i]);
+        expect(&n[i], FQ_SUCCEEDED, FQ_OK, what);
+        json_t *v = n[i].r.value;
+        REQUIRE(json_is_object(v));
+        CHECK_JSTR(v, "method", "POST");
+        CHECK_JSTR(v, "path", "/echo");
+        CHECK_JSTR(v, "body", "hi");
+        CHECK_JSTR(json_object_get(v, "headers"), "x-batch", "yes");
+        char want[64];
+        snprintf(want, sizeof want, "{\"i\": \"%d\", \"q\": \"a b\"}", i);
+        check_json_eq(json_object_get(v, "query"), want, what);
+        netrec_clear(&n[i]);
+    }
+    CHECK_EQ_INT(fqt_server_stat(&s, "requests"), N);
+    memset(n, 0, N * sizeof *n);
+    json_decref(req);
+    json_decref(opt);
+
+    /* a NULL request is a GET; NULL userdata and ids; no callback */
+    fqt_server_reset(&s);
+    CHECK_EQ_INT(fq_submit_requests(q, NULL, (const char *const *)urls, 3, NULL, NULL, NULL, NULL), 3);
+    CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));
+    CHECK_EQ_INT(fqt_server_stat(&s, "requests"), 3);
+    CHECK_EQ_INT(fq_submit_requests(q, NULL, NULL, 0, NULL, net_done, NULL, NULL), 0);
+
+    /* rejected before anything is submitted: no request, no callback */
+    long long submitted_before = fqt_stat(e, "submitted", -1);
+    fqt_server_reset(&s);
+    char *saved = urls[2];
+    urls[2] = (char *)"ftp://127.0.0.1/x";
+    CHECK_EQ_INT(fq_submit_requests(q, NULL, (const char *const *)urls, N, NULL, net_done, uds, ids), FQ_ERR_INVALID);
+    CHECK_CONTAINS(fq_last_error(), "urls[2]");
+    urls[2] = NULL;
+    CHECK_EQ_INT(fq_submit_requests(q, NULL, (const char *const *)urls, N, NULL, net_done, uds, ids), FQ_ERR_INVALID);
+    CHECK_CONTAINS(fq_last_error(), "urls[2] is NULL");
+    urls[2] = saved;
+    json_t *with_url = json_pack("{s:s}", "url", urls[0]);
+    CHECK_EQ_INT(fq_submit_requests(q, with_url, (const char *const *)urls, 2, NULL, net_done, uds, ids),
+                 FQ_ERR_INVALID);
+    CHECK_CONTAINS(fq_last_error(), "request.url");
+    json_decref(with_url);
+    json_t *bogus = fqt_json("{\"bogus_option\": 1}");
+    CHECK_EQ_INT(fq_submit_requests(q, NULL, (const char *const *)urls, 2, bogus, net_done, uds, ids),
+                 FQ_ERR_INVALID);
+    CHECK_CONTAINS(fq_last_error(), "bogus_option");
+    json_decref(bogus);
+    json_t *bad_header = json_pack("{s:{s:s}}", "headers", "X-A", "a\r\nb");
+    CHECK_EQ_INT(fq_submit_requests(q, bad_header, (const char *const *)urls, 2, NULL, net_done, uds, ids),
+                 FQ_ERR_INVALID);
+    json_decref(bad_header);
+    CHECK_EQ_INT(fq_submit_requests(NULL, NULL, (const char *const *)urls, 2, NULL, net_done, uds, ids),
+                 FQ_ERR_INVALID);
+    CHECK_EQ_INT(fq_submit_requests(q, NULL, NULL, 2, NULL, net_done, uds, ids), FQ_ERR_INVALID);
+    CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));
+    for (int i = 0; i < N; i++) CHECK_EQ_INT(atomic_load(&n[i].r.calls), 0);
+    CHECK_EQ_INT(fqt_stat(e, "submitted", -1), submitted_before);
+    CHECK_EQ_INT(fqt_server_stat(&s, "requests"), 0);
+
+    /* identical GETs in one batch share one transfer, as separate submits do */
+    fqt_server_reset(&s);
+    const char *same[4] = {urls[7], urls[7], urls[7], urls[7]};
+    CHECK_EQ_INT(fq_submit_requests(q, NULL, same, 4, NULL, net_done, uds, ids), 4);
+    CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));
+    for (int i = 0; i < 4; i++) {
+        CHECK_EQ_INT(atomic_load(&n[i].r.calls), 1);
+        expect(&n[i], FQ_SUCCEEDED, FQ_OK, "a coalesced GET of the batch");
+        netrec_clear(&n[i]);
+    }
+    CHECK_EQ_INT(fqt_server_stat(&s, "requests"), 1);
+
+    for (int i = 0; i < N; i++) free(urls[i]);
+    free(n);
+    fqt_engine_free(e);
+    fqt_server_stop(&s);
+}

@@ -176,12 +176,8 @@ extension Engine {
     /// first of identical GETs runs the transfer itself (see SharedTransfer).
     func enqueueNetwork(_ job: NetworkJob, queue: QueueID, common: CommonOptions,
                         callback: Callback) throws(FetchQError) -> OpID {
-        // The transfer's max_wait_ms is part of what is shared: callers join
-        // only a transfer with the same limit.
-        let key = common.dependsOn.isEmpty && !common.barrier
-            ? job.coalesceKey.map { $0 + " max_wait_ms=\(common.maxWaitMs)" } : nil
-        return try enqueue(.network(job), queue: queue, common: common, host: job.host, callback: callback,
-                           sharing: key)
+        try enqueue(.network(job), queue: queue, common: common, host: job.host, callback: callback,
+                    sharing: sharingKey(job, common))
     }
 
     /// Receives progress events of operations submitted with "progress".
@@ -195,6 +191,28 @@ extension Engine {
     func enqueue(_ body: OperationBody, queue: QueueID, common: CommonOptions, host: String?,
                  callback: Callback, sharing key: String? = nil) throws(FetchQError) -> OpID {
         let now = monotonicNanos()
+        // Made before locking (its id is set under the lock, before anyone
+        // else can see it): the lock is held for the bookkeeping only.
+        let (op, spec) = prepare(body, queue: queue, common: common, host: host, callback: callback, now: now)
+        lock.lock()
+        var actions: [Machine.Action] = []
+        let id: OpID
+        do {
+            id = try admit(op, spec, common: common, sharing: key, now: now, into: &actions)
+        } catch {
+            lock.unlock()
+            throw error
+        }
+        let work = resolve(actions)
+        lock.unlock()
+        if !work.isEmpty { execute(work) }
+        if spec.startDeadline != nil { timer.kick() }
+        return id
+    }
+
+    /// An operation and its scheduler spec, made outside the lock.
+    func prepare(_ body: OperationBody, queue: QueueID, common: CommonOptions, host: String?, callback: Callback,
+                 now: UInt64) -> (Operation, Machine.Spec) {
         var spec = Machine.Spec(queue: queue)
         spec.priority = common.priority
         spec.qos = common.qos
@@ -203,28 +221,28 @@ extension Engine {
         spec.dependsOn = common.dependsOn
         spec.barrier = common.barrier
         if common.maxWaitMs > 0 { spec.startDeadline = now + UInt64(common.maxWaitMs) * 1_000_000 }
-        // Made before locking (its id is set under the lock, before anyone
-        // else can see it): the lock is held for the bookkeeping only.
         let op = Operation(id: 0, queue: queue, qos: common.qos, body: body, callback: callback, engine: self,
                            submittedAt: now)
+        return (op, spec)
+    }
 
-        lock.lock()
-        guard !shuttingDown else {
-            lock.unlock()
-            throw FetchQError(.shutdown, "the engine is being freed")
-        }
-        var actions: [Machine.Action] = []
+    /// With the lock held: gives `op` its id in the state machine and books
+    /// it (coalescing, live table, counters). Throws, having changed nothing,
+    /// when the engine is being freed or the scheduler refuses the spec.
+    func admit(_ op: Operation, _ spec: Machine.Spec, common: CommonOptions, sharing key: String?, now: UInt64,
+               into actions: inout [Machine.Action]) throws(FetchQError) -> OpID {
+        guard !shuttingDown else { throw FetchQError(.shutdown, "the engine is being freed") }
+        var spec = spec
         let existing = key.flatMap { coalesced[$0] }
         if existing != nil {
             spec.attached = true
             spec.host = nil
             spec.startDeadline = nil
         }
-        let submitted = machine.submit(spec, now: now, into: &actions)
-        guard case .success(let id) = submitted else {
-            lock.unlock()
-            if case .failure(let error) = submitted { throw error }
-            fatalError("unreachable")
+        let id: OpID
+        switch machine.submit(spec, now: now, into: &actions) {
+        case .success(let submitted): id = submitted
+        case .failure(let error): throw error
         }
         op.id = id
         if let shared = existing {
@@ -238,13 +256,84 @@ extension Engine {
             coalesced[key] = shared
         }
         live[id] = op
-        outstanding[queue] += 1
+        outstanding[spec.queue] += 1
         outstandingTotal += 1
-        let work = resolve(actions)
-        lock.unlock()
-        if !work.isEmpty { execute(work) }
-        if spec.startDeadline != nil { timer.kick() }
         return id
+    }
+
+    /// How many operations `submitRequests` books per hold of the engine
+    /// lock: a long batch does not keep transfers from ending meanwhile.
+    static let batchPerLock = 64
+
+    /// `fq_submit_requests`: one request per URL, all from one request
+    /// object and one options object, read once; every URL is checked before
+    /// any operation is submitted. Returns the ids in order. Fewer than
+    /// `urls.count` only when the queue or the engine stopped taking work
+    /// during the call (`stopped` says why); nothing submitted is a throw.
+    public func submitRequests(_ request: UnsafePointer<json_t>?, urls: [String], to queue: Queue,
+                               options: UnsafePointer<json_t>?, callbacks: (Int) -> Callback)
+        throws(FetchQError) -> (ids: [OpID], stopped: FetchQError?)
+    {
+        let (common, template) = try readOptions(options) { (r: inout OptionReader) throws(FetchQError) in
+            var (template, _) = try RequestTemplate.read(request, urlGiven: false, options: &r, config: config)
+            try template.readResponseOptions(&r)
+            return template
+        }
+        var jobs: [NetworkJob] = []
+        jobs.reserveCapacity(urls.count)
+        for (i, url) in urls.enumerated() {
+            do {
+                var job = try template.job(url: url)
+                template.applyResponseOptions(to: &job)
+                jobs.append(job)
+            } catch {
+                throw FetchQError(error.status, "urls[\(i)]: \(error.message)")
+            }
+        }
+        var ids: [OpID] = []
+        ids.reserveCapacity(jobs.count)
+        var next = 0
+        while next < jobs.count {
+            let now = monotonicNanos()
+            let end = min(next + Self.batchPerLock, jobs.count)
+            var prepared: [(Operation, Machine.Spec, String?)] = []
+            prepared.reserveCapacity(end - next)
+            for i in next..<end {
+                let job = jobs[i]
+                let (op, spec) = prepare(.network(job), queue: queue.id, common: common, host: job.host,
+                                         callback: callbacks(i), now: now)
+                prepared.append((op, spec, sharingKey(job, common)))
+            }
+            var actions: [Machine.Action] = []
+            var stopped: FetchQError? = nil
+            lock.lock()
+            for (op, spec, key) in prepared {
+                do {
+                    ids.append(try admit(op, spec, common: common, sharing: key, now: now, into: &actions))
+                } catch {
+                    stopped = error
+                    break
+                }
+            }
+            let work = resolve(actions)
+            lock.unlock()
+            if !work.isEmpty { execute(work) }
+            if common.maxWaitMs > 0 { timer.kick() }
+            if let stopped {
+                if ids.isEmpty { throw stopped }
+                return (ids, stopped)
+            }
+            next = end
+        }
+        return (ids, nil)
+    }
+
+    /// The key identical in-flight GETs share (see `enqueueNetwork`).
+    func sharingKey(_ job: NetworkJob, _ common: CommonOptions) -> String? {
+        // The transfer's max_wait_ms is part of what is shared: callers join
+        // only a transfer with the same limit.
+        common.dependsOn.isEmpty && !common.barrier
+            ? job.coalesceKey.map { $0 + " max_wait_ms=\(common.maxWaitMs)" } : nil
     }
 }
 

@@ -122,14 +122,55 @@ extension NetworkJob {
     /// `fq_submit_request`: `request` holds method, url, headers, query, body;
     /// `options` the per-operation keys (common ones already read).
     static func makeRequest(_ json: UnsafePointer<json_t>?, options r: inout OptionReader,
-                        config: EngineConfig) throws(FetchQError) -> NetworkJob {
-        guard json != nil else { throw FetchQError(.invalid, "request: NULL (expected an object with at least \"url\")") }
+                            config: EngineConfig) throws(FetchQError) -> NetworkJob {
+        var (template, url) = try RequestTemplate.read(json, urlGiven: true, options: &r, config: config)
+        // The URL is checked before the response options are read (which
+        // error a request with several reports).
+        var job = try template.job(url: url!)
+        try template.readResponseOptions(&r)
+        template.applyResponseOptions(to: &job)
+        return job
+    }
+
+    /// `fq_submit_search`: the query goes into the endpoint's URL template.
+    static func makeSearch(_ query: String, options r: inout OptionReader, config: EngineConfig,
+                           openStore: (String) throws(FetchQError) -> ItemStore) throws(FetchQError) -> NetworkJob {
+        try SearchTemplate(reading: &r, config: config, openStore: openStore).job(for: query)
+    }
+}
+
+/// A request object and its options, read once; `job(url:)` makes the
+/// operation for one URL (`fq_submit_requests` makes one per URL).
+struct RequestTemplate {
+    var method: String
+    var headers: [(name: String, value: String)]
+    /// The "query" items, URL-encoded ("" without any).
+    var query: String
+    var body: [UInt8]?
+    var settings: NetworkSettings
+    var parse: NetworkJob.Parse? = nil
+    var lazyParse: Bool? = nil
+    var accept: [ClosedRange<Int>] = []
+
+    /// Reads the request object and the network options. `urlGiven`: the
+    /// request must hold "url" (returned); otherwise it must not (the URLs
+    /// come one per operation).
+    static func read(_ json: UnsafePointer<json_t>?, urlGiven: Bool, options r: inout OptionReader,
+                     config: EngineConfig) throws(FetchQError) -> (RequestTemplate, String?) {
+        guard json != nil || !urlGiven else {
+            throw FetchQError(.invalid, "request: NULL (expected an object with at least \"url\")")
+        }
         var q = try OptionReader(json, context: "request")
         let method = try q.string("method") ?? "GET"
         guard !method.isEmpty, method.utf8.allSatisfy(isTokenByte) else {
             throw FetchQError(.invalid, "request.method: \"\(method)\" is not an HTTP method token")
         }
-        guard var url = try q.string("url") else { throw FetchQError(.invalid, "request: \"url\" is required") }
+        let url = try q.string("url")
+        if urlGiven {
+            guard url != nil else { throw FetchQError(.invalid, "request: \"url\" is required") }
+        } else if url != nil {
+            throw FetchQError(.invalid, "request.url: not allowed here (each operation's URL is given in urls[])")
+        }
         var headers: [(name: String, value: String)] = []
         if let h = q.value("headers") {
             guard h.pointee.type == JSON_OBJECT else { throw q.typeError("headers", "an object of strings", h) }
@@ -144,10 +185,11 @@ extension NetworkJob {
                 iter = json_object_iter_next(h, it)
             }
         }
-        if let query = q.value("query") {
-            guard query.pointee.type == JSON_OBJECT else { throw q.typeError("query", "an object", query) }
-            var items: [(String, String)] = []
-            var iter = json_object_iter(query)
+        var query = ""
+        if let items = q.value("query") {
+            guard items.pointee.type == JSON_OBJECT else { throw q.typeError("query", "an object", items) }
+            var pairs: [(String, String)] = []
+            var iter = json_object_iter(items)
             while let it = iter {
                 let name = String(cString: json_object_iter_key(it))
                 let v = json_object_iter_value(it)!
@@ -161,14 +203,10 @@ extension NetworkJob {
                 default:
                     throw FetchQError(.invalid, "request.query.\(name): expected a string, number or boolean, got \(jsonTypeName(v))")
                 }
-                items.append((name, text))
-                iter = json_object_iter_next(query, it)
+                pairs.append((name, text))
+                iter = json_object_iter_next(items, it)
             }
-            if !items.isEmpty {
-                let encoded = URLUtilities.encodeQueryItems(items)
-                let (base, fragment) = splitFragment(url)
-                url = base + (base.contains("?") ? (base.hasSuffix("?") || base.hasSuffix("&") ? "" : "&") : "?") + encoded + fragment
-            }
+            if !pairs.isEmpty { query = URLUtilities.encodeQueryItems(pairs) }
         }
         var body: [UInt8]? = nil
         if let b = q.value("body") {
@@ -187,17 +225,36 @@ extension NetworkJob {
         }
         try q.finish()
         let settings = try NetworkSettings(reading: &r, config: config)
-        var job = try settings.job(url: url, method: method, headers: headers, body: body)
-        if let p = try r.choice("parse", ["auto", "json", "none"]) { job.parse = Parse(rawValue: p)! }
-        if let lazy = try r.bool("lazy_parse") { job.lazyParse = lazy }
-        if let v = r.value("accept_status") { job.accept += try acceptList(v, r.path("accept_status")) }
-        return job
+        return (RequestTemplate(method: method, headers: headers, query: query, body: body, settings: settings), url)
     }
 
-    /// `fq_submit_search`: the query goes into the endpoint's URL template.
-    static func makeSearch(_ query: String, options r: inout OptionReader, config: EngineConfig,
-                           openStore: (String) throws(FetchQError) -> ItemStore) throws(FetchQError) -> NetworkJob {
-        try SearchTemplate(reading: &r, config: config, openStore: openStore).job(for: query)
+    /// "parse", "lazy_parse" and "accept_status".
+    mutating func readResponseOptions(_ r: inout OptionReader) throws(FetchQError) {
+        if let p = try r.choice("parse", ["auto", "json", "none"]) { parse = NetworkJob.Parse(rawValue: p)! }
+        if let lazy = try r.bool("lazy_parse") { lazyParse = lazy }
+        if let v = r.value("accept_status") { accept = try NetworkJob.acceptList(v, r.path("accept_status")) }
+    }
+
+    func applyResponseOptions(to job: inout NetworkJob) {
+        if let parse { job.parse = parse }
+        if let lazyParse { job.lazyParse = lazyParse }
+        job.accept += accept
+    }
+
+    /// The operation for `url` (checked: absolute http(s), no space or
+    /// control character), without the response options.
+    func job(url: String) throws(FetchQError) -> NetworkJob {
+        var url = url
+        if !query.isEmpty {
+            let (base, fragment) = Self.splitFragment(url)
+            url = base + (base.contains("?") ? (base.hasSuffix("?") || base.hasSuffix("&") ? "" : "&") : "?") + query + fragment
+        }
+        return try settings.job(url: url, method: method, headers: headers, body: body)
+    }
+
+    private static func splitFragment(_ url: String) -> (String, String) {
+        guard let hash = url.firstIndex(of: "#") else { return (url, "") }
+        return (String(url[..<hash]), String(url[hash...]))
     }
 }
 
@@ -314,7 +371,7 @@ struct NetworkSettings: Sendable {
 
 extension NetworkJob {
     /// accept_status: an array of statuses (404) and classes ("4xx").
-    private static func acceptList(_ v: UnsafeMutablePointer<json_t>, _ path: String) throws(FetchQError) -> [ClosedRange<Int>] {
+    static func acceptList(_ v: UnsafeMutablePointer<json_t>, _ path: String) throws(FetchQError) -> [ClosedRange<Int>] {
         guard v.pointee.type == JSON_ARRAY else {
             throw FetchQError(.invalid, "\(path): expected an array of statuses like 404 or \"4xx\", got \(jsonTypeName(v))")
         }
@@ -333,11 +390,6 @@ extension NetworkJob {
             }
         }
         return ranges
-    }
-
-    private static func splitFragment(_ url: String) -> (String, String) {
-        guard let hash = url.firstIndex(of: "#") else { return (url, "") }
-        return (String(url[..<hash]), String(url[hash...]))
     }
 }
 
