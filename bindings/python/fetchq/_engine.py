@@ -1084,6 +1084,39 @@ def _apply(fut: AnyFuture, how: str, value: Any) -> None:
         fut._fq_set_cancelled()
 
 
+def _request_extras(req: Dict[str, Any], headers: Optional[Dict[str, str]], params: Optional[Dict[str, Any]],
+                    json: Any, data: Union[str, bytes, None]) -> None:
+    """Adds a request's headers, query and body (from ``request``'s keyword
+    arguments) to ``req``."""
+    if headers is not None:
+        req["headers"] = dict(headers)
+    if params is not None:
+        req["query"] = dict(params)
+    if json is not _UNSET and data is not None:
+        raise TypeError("pass json= or data=, not both")
+    if json is not _UNSET:
+        if isinstance(json, str):
+            # a str would be sent raw; send it as a JSON string value instead
+            req["body"] = _json.dumps(json)
+            req.setdefault("headers", {})
+            if not any(k.lower() == "content-type" for k in req["headers"]):
+                req["headers"]["Content-Type"] = "application/json"
+        else:
+            req["body"] = json
+    elif data is not None:
+        if isinstance(data, (bytes, bytearray, memoryview)):
+            try:
+                req["body"] = bytes(data).decode("utf-8")
+            except UnicodeDecodeError:
+                raise TypeError(
+                    "data must be valid UTF-8: libfetchq takes the request body as a "
+                    "JSON string, so arbitrary bytes cannot be sent yet") from None
+        elif isinstance(data, str):
+            req["body"] = data
+        else:
+            raise TypeError("data must be str or bytes, not %s" % type(data).__name__)
+
+
 def _callable_or_none(fn: Any, what: str) -> Any:
     if fn is not None and not callable(fn):
         raise TypeError("%s must be callable" % what)
@@ -1351,33 +1384,7 @@ class Queue:
         if not isinstance(method, str) or not isinstance(url, str):
             raise TypeError("method and url must be str")
         req: Dict[str, Any] = {"method": method, "url": url}
-        if headers is not None:
-            req["headers"] = dict(headers)
-        if params is not None:
-            req["query"] = dict(params)
-        if json is not _UNSET and data is not None:
-            raise TypeError("pass json= or data=, not both")
-        if json is not _UNSET:
-            if isinstance(json, str):
-                # a str would be sent raw; send it as a JSON string value instead
-                req["body"] = _json.dumps(json)
-                req.setdefault("headers", {})
-                if not any(k.lower() == "content-type" for k in req["headers"]):
-                    req["headers"]["Content-Type"] = "application/json"
-            else:
-                req["body"] = json
-        elif data is not None:
-            if isinstance(data, (bytes, bytearray, memoryview)):
-                try:
-                    req["body"] = bytes(data).decode("utf-8")
-                except UnicodeDecodeError:
-                    raise TypeError(
-                        "data must be valid UTF-8: libfetchq takes the request body as a "
-                        "JSON string, so arbitrary bytes cannot be sent yet") from None
-            elif isinstance(data, str):
-                req["body"] = data
-            else:
-                raise TypeError("data must be str or bytes, not %s" % type(data).__name__)
+        _request_extras(req, headers, params, json, data)
         on_update = _callable_or_none(on_update, "on_update")
         # {"method", "url"} alone (the common GET): a reused object with the
         # new URL, else one json_pack call
@@ -1415,6 +1422,111 @@ class Queue:
     def get(self, url: str, **kwargs: Any) -> Any:
         """``request("GET", url, **kwargs)``."""
         return self.request("GET", url, **kwargs)
+
+    def request_many(self, method: str, urls: Iterable[str], *, headers: Optional[Dict[str, str]] = None,
+                     params: Optional[Dict[str, Any]] = None, json: Any = _UNSET,
+                     data: Union[str, bytes, None] = None, **options: Any) -> List[Any]:
+        """Submits one request per URL, all with the same method, headers,
+        params, body and options, in one call into the library
+        (``fq_submit_requests``): the options are read once and the engine's
+        lock is taken once per 64 requests. Returns the futures in the order
+        of ``urls``, each resolving as :meth:`request`'s does. Every URL is
+        checked before any request is submitted: a bad one raises (the
+        message names ``urls[i]``) and none is submitted. If the engine or the
+        queue is closed while the batch is being submitted, the requests that
+        could not be submitted get futures that have already failed with that
+        error. ``progress`` and ``on_update`` are not taken here: use
+        :meth:`request`."""
+        if not isinstance(method, str):
+            raise TypeError("method must be str")
+        if isinstance(urls, (str, bytes)):
+            raise TypeError("urls must be an iterable of str, not a single string")
+        for name in ("progress", "on_update"):
+            if name in options:
+                raise TypeError("request_many does not take %s: use request()" % name)
+        core = self._core
+        L = core.lib
+        if not core.lib.has("fq_submit_requests"):
+            return [self.request(method, url, headers=headers, params=params, json=json, data=data,
+                                 **dict(options)) for url in urls]
+        raw = [_ffi.encode_str(u, "url") for u in urls]
+        n = len(raw)
+        req: Dict[str, Any] = {"method": method}
+        _request_extras(req, headers, params, json, data)
+        if n == 0:
+            return []
+        if core.has_lazy_parse and "lazy_parse" not in options:
+            options["lazy_parse"] = True
+        opts_dict = self._options(options, None)
+        template = _ffi.to_json(req, "request")
+        try:
+            opts, owned = core.json_cache.get(
+                opts_dict, "options", opts_dict is not None and "depends_on" not in opts_dict)
+        except BaseException:
+            _ffi.free_private(template)
+            raise
+        url_array = (ctypes.c_char_p * n)(*raw)
+        tokens = [next(core.tokens) for _ in range(n)]
+        userdata = (ctypes.c_void_p * n)(*tokens)
+        ids = (ctypes.c_int64 * n)()
+        futures = []
+        pending = core.pending
+        for token in tokens:
+            state = _OpState("request", self)
+            fut = core.new_future()
+            state.future = fut
+            pending[token] = state
+            futures.append(fut)
+        lock = core.lock
+        stopped: Optional[BaseException] = None
+        try:
+            try:
+                with lock:                      # core.enter(), then the queue's handle
+                    if core.closing or core.handle is None:
+                        raise ShutdownError("the engine is closed")
+                    h = self._handle
+                    if h is None:
+                        raise StateError("queue %r is closed" % self.name)
+                    core.inflight += 1
+                try:
+                    count = L.fq_submit_requests(h, template, url_array, n, opts, core.completion_cb,
+                                                 userdata, ids)
+                    _ffi.check(count)
+                    if count < n:               # stopped part way: read the reason at once
+                        message = _ffi.last_error_message() or "the queue stopped taking requests"
+                        stopped = (ShutdownError if core.closing else StateError)(message)
+                except BaseException:
+                    core.exit()
+                    raise
+            except BaseException:
+                for token in tokens:
+                    pending.pop(token, None)
+                raise
+        finally:
+            _ffi.free_private(owned)
+            _ffi.free_private(template)
+        wanted = []
+        with lock:                              # core.exit() and core.submitted(...) for each
+            core.inflight -= 1
+            if core.inflight == 0 and core.closing:
+                core.idle.notify_all()
+            for i in range(count):
+                fut = futures[i]
+                fut._op_id = ids[i]
+                if fut._cancel_wanted:
+                    fut._cancel_wanted = False
+                    wanted.append(fut)
+        for fut in wanted:                      # cancel() ran while we were submitting
+            core.request_cancel(fut)
+        if stopped is not None:
+            for i in range(count, n):
+                pending.pop(tokens[i], None)
+                core._resolve(futures[i], "exception", stopped)
+        return futures
+
+    def get_many(self, urls: Iterable[str], **kwargs: Any) -> List[Any]:
+        """``request_many("GET", urls, **kwargs)``."""
+        return self.request_many("GET", urls, **kwargs)
 
     def __repr__(self) -> str:
         return "<fetchq.Queue %r max_concurrent=%d%s>" % (

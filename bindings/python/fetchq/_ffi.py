@@ -205,6 +205,10 @@ FUNCTIONS: List[_Decl] = [
     ("fq_submit_async", c_int64, [QueueP, ASYNC_FN, JsonP, COMPLETION_FN, c_void_p], _check_status),
     ("fq_submit_request", c_int64, [QueueP, JsonP, JsonP, COMPLETION_FN, c_void_p], _check_status),
     ("fq_submit_search", c_int64, [QueueP, c_char_p, JsonP, COMPLETION_FN, c_void_p], _check_status),
+    # how many were submitted (<= n; fewer: fq_last_error says why) or a negative status
+    ("fq_submit_requests", c_int64,
+     [QueueP, JsonP, POINTER(c_char_p), c_size_t, JsonP, COMPLETION_FN, POINTER(c_void_p), POINTER(c_int64)],
+     None),
     ("fq_submit_search_all", c_int64,
      [QueueP, POINTER(c_char_p), c_size_t, JsonP, COMPLETION_FN, c_void_p], _check_status),
     # Events

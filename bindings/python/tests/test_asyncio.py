@@ -260,3 +260,15 @@ def test_an_async_engine_runs_one_transfer_thread_unless_told(server: Server, co
             return _transfer_threads() - before
 
     assert run(main) == expected
+
+
+@needs_network
+def test_get_many_on_the_loop(server: Server) -> None:
+    async def main() -> None:
+        async with fetchq.AsyncEngine(workers=2) as engine:
+            q = engine.queue("many", max_concurrent=8)
+            futs = q.get_many([server.url("/echo?i=%d" % i) for i in range(100)], coalesce=False)
+            responses = await asyncio.gather(*futs)
+            assert [r.json()["query"]["i"] for r in responses] == [str(i) for i in range(100)]
+            assert engine.pending_count == 0
+    run(main)

@@ -471,3 +471,91 @@ def test_requests_check_the_body_and_build_the_engine_value_only_when_read(
     assert seen.result(timeout=TIMEOUT) == fetch.result().json()
     with pytest.raises(fetchq.InvalidArgument, match="lazy_parse"):
         q.get(server.url("/json"), lazy_parse="yes")
+
+
+# -- many requests at once (fq_submit_requests) ------------------------------
+
+def test_request_many_one_future_per_url_in_order(net_engine: fetchq.Engine, server: Server) -> None:
+    q = net_engine.queue("many", max_concurrent=4)
+    server.reset()
+    urls = [server.url("/echo?i=%d" % i) for i in range(150)]   # more than 2 batches of 64
+    futs = q.request_many("POST", urls, headers={"X-Batch": "b"}, params={"q": "a b"},
+                          json={"k": 1}, priority=4)
+    assert len(futs) == 150
+    ids = [f.op_id for f in futs]
+    assert ids == sorted(ids) and len(set(ids)) == 150
+    for i, f in enumerate(futs):
+        echo = f.result(timeout=TIMEOUT).json()
+        assert echo["method"] == "POST"
+        assert echo["query"] == {"i": str(i), "q": "a b"}
+        assert echo["headers"]["x-batch"] == "b"
+        assert json.loads(echo["body"]) == {"k": 1}
+    assert server.stats()["requests"] == 150
+    assert net_engine.pending_count == 0
+
+
+def test_get_many_coalesces_identical_urls(net_engine: fetchq.Engine, server: Server) -> None:
+    q = net_engine.queue("many")
+    server.reset()
+    futs = q.get_many([server.url("/json?size=200")] * 5)
+    bodies = [f.result(timeout=TIMEOUT).json() for f in futs]
+    assert all(b == bodies[0] for b in bodies)
+    assert server.stats()["requests"] == 1
+    assert q.get_many([]) == []
+
+
+def test_request_many_rejects_everything_when_one_url_is_bad(net_engine: fetchq.Engine,
+                                                              server: Server) -> None:
+    q = net_engine.queue("many")
+    server.reset()
+    urls = [server.url("/echo?i=%d" % i) for i in range(10)]
+    with pytest.raises(fetchq.InvalidArgument, match=r"urls\[3\]"):
+        q.get_many(urls[:3] + ["ftp://127.0.0.1/x"] + urls[3:])
+    with pytest.raises(fetchq.InvalidArgument, match="bogus"):
+        q.get_many(urls, bogus=1)
+    with pytest.raises(ValueError, match="NUL"):
+        q.get_many(urls + ["http://127.0.0.1/\0x"])
+    with pytest.raises(TypeError, match="single string"):
+        q.get_many(urls[0])
+    with pytest.raises(TypeError, match="use request"):
+        q.get_many(urls, progress=lambda a, b: None)
+    assert net_engine.pending_count == 0
+    time.sleep(0.1)
+    assert server.stats()["requests"] == 0
+
+
+def test_request_many_on_a_closed_queue_or_engine(server: Server) -> None:
+    e = fetchq.Engine(workers=2)
+    q = e.queue("many")
+    q.close()
+    with pytest.raises(fetchq.StateError):
+        q.get_many([server.url("/echo")])
+    q2 = e.queue("other")
+    e.close()
+    with pytest.raises(fetchq.ShutdownError):
+        q2.get_many([server.url("/echo")])
+    assert e._core.violations == []
+
+
+def test_request_many_stopped_part_way(net_engine: fetchq.Engine, server: Server,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The library returns fewer than n when the queue or engine stops taking
+    work during the call: the submitted requests run, the others' futures
+    fail at once. Here the real call is given only the first 64 URLs."""
+    lib = net_engine._core.lib
+    real = lib.fq_submit_requests
+
+    def first_64(h: Any, req: Any, urls: Any, n: int, *rest: Any) -> int:
+        return real(h, req, urls, min(n, 64), *rest)
+
+    monkeypatch.setattr(lib, "fq_submit_requests", first_64)
+    q = net_engine.queue("many")
+    futs = q.get_many([server.url("/echo?i=%d" % i) for i in range(100)], coalesce=False)
+    assert len(futs) == 100
+    for i, f in enumerate(futs[:64]):
+        assert f.result(timeout=TIMEOUT).json()["query"] == {"i": str(i)}
+    for f in futs[64:]:
+        assert f.done()
+        with pytest.raises(fetchq.StateError):
+            f.result(timeout=0)
+    assert net_engine.pending_count == 0
