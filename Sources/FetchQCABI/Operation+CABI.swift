@@ -124,6 +124,7 @@ public func fq_submit_requests(_ handle: OpaquePointer?, _ request: UnsafePointe
                                _ done: fq_completion_fn?, _ userdata: UnsafePointer<UnsafeMutableRawPointer?>?,
                                _ ids: UnsafeMutablePointer<fq_op_id>?) -> Int64 {
     guard let q = queue(handle) else { return Int64(fail(nullHandle)) }
+    guard n >= 0 else { return Int64(fail(.invalid, "n is larger than any array can be")) }  // size_t above Int.max
     guard n > 0 else { return 0 }
     guard let urls else { return Int64(fail(.invalid, "urls is NULL")) }
     var list: [String] = []

@@ -1608,6 +1608,8 @@ TEST(http_submit_requests_batch) {
     CHECK_EQ_INT(fq_submit_requests(NULL, NULL, (const char *const *)urls, 2, NULL, net_done, uds, ids),
                  FQ_ERR_INVALID);
     CHECK_EQ_INT(fq_submit_requests(q, NULL, NULL, 2, NULL, net_done, uds, ids), FQ_ERR_INVALID);
+    CHECK_EQ_INT(fq_submit_requests(q, NULL, (const char *const *)urls, (size_t)-1, NULL, net_done, uds, ids),
+                 FQ_ERR_INVALID);
     CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));
     for (int i = 0; i < N; i++) CHECK_EQ_INT(atomic_load(&n[i].r.calls), 0);
     CHECK_EQ_INT(fqt_stat(e, "submitted", -1), submitted_before);

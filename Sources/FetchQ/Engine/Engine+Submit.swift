@@ -203,10 +203,12 @@ extension Engine {
             lock.unlock()
             throw error
         }
+        // An operation attached to a shared transfer has no deadline of its own.
+        let kick = spec.startDeadline != nil && op.shared == nil
         let work = resolve(actions)
         lock.unlock()
         if !work.isEmpty { execute(work) }
-        if spec.startDeadline != nil { timer.kick() }
+        if kick { timer.kick() }
         return id
     }
 
