@@ -1084,6 +1084,18 @@ def _apply(fut: AnyFuture, how: str, value: Any) -> None:
         fut._fq_set_cancelled()
 
 
+def _options_json(core: "_Core", options: Optional[Dict[str, Any]], extra: Any) -> Tuple[Any, Any]:
+    """The options as a ``json_t *`` and the reference to drop after the
+    submit (see ``_ffi.JsonCache.get``). Options objects are cached per engine
+    (most submits repeat the same ones); depends_on lists are per operation:
+    not cached. On failure frees ``extra`` (the caller's NEW request object)."""
+    try:
+        return core.json_cache.get(options, "options", options is not None and "depends_on" not in options)
+    except BaseException:
+        _ffi.free_private(extra)
+        raise
+
+
 def _request_extras(req: Dict[str, Any], headers: Optional[Dict[str, str]], params: Optional[Dict[str, Any]],
                     json: Any, data: Union[str, bytes, None]) -> None:
     """Adds a request's headers, query and body (from ``request``'s keyword
@@ -1239,14 +1251,7 @@ class Queue:
         ``core.exit`` and ``core.submitted`` do (the last two under one
         lock)."""
         core = self._core
-        try:
-            # Options objects are cached per engine (most submits repeat the
-            # same ones); depends_on lists are per operation: not cached.
-            opts, owned = core.json_cache.get(
-                options, "options", options is not None and "depends_on" not in options)
-        except BaseException:
-            _ffi.free_private(extra)
-            raise
+        opts, owned = _options_json(core, options, extra)
         token = next(core.tokens)
         fut = core.new_future()
         state.future = fut
@@ -1459,12 +1464,7 @@ class Queue:
             options["lazy_parse"] = True
         opts_dict = self._options(options, None)
         template = _ffi.to_json(req, "request")
-        try:
-            opts, owned = core.json_cache.get(
-                opts_dict, "options", opts_dict is not None and "depends_on" not in opts_dict)
-        except BaseException:
-            _ffi.free_private(template)
-            raise
+        opts, owned = _options_json(core, opts_dict, template)
         url_array = (ctypes.c_char_p * n)(*raw)
         tokens = [next(core.tokens) for _ in range(n)]
         userdata = (ctypes.c_void_p * n)(*tokens)
@@ -1481,13 +1481,7 @@ class Queue:
         stopped: Optional[BaseException] = None
         try:
             try:
-                with lock:                      # core.enter(), then the queue's handle
-                    if core.closing or core.handle is None:
-                        raise ShutdownError("the engine is closed")
-                    h = self._handle
-                    if h is None:
-                        raise StateError("queue %r is closed" % self.name)
-                    core.inflight += 1
+                h = self._enter()
                 try:
                     count = L.fq_submit_requests(h, template, url_array, n, opts, core.completion_cb,
                                                  userdata, ids)
