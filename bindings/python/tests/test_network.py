@@ -559,3 +559,59 @@ def test_request_many_stopped_part_way(net_engine: fetchq.Engine, server: Server
         with pytest.raises(fetchq.StateError):
             f.result(timeout=0)
     assert net_engine.pending_count == 0
+
+
+def test_request_many_from_threads_with_cancels_and_close_exactly_once(server: Server) -> None:
+    """4 threads submit batches while a fifth cancels at random and the
+    engine closes at the end: every future resolves exactly once, cancel()
+    == True means cancelled, the others succeed or were closed."""
+    import random
+    rng = random.Random(99)
+    e = fetchq.Engine(workers=2, timeout_ms=20000)
+    queues = [e.queue("t%d" % i, max_concurrent=4) for i in range(4)]
+    lock = threading.Lock()
+    resolutions: Dict[int, int] = {}
+    futs: List[Any] = []
+    cancel_true: List[Any] = []
+
+    def count(f: Any) -> None:
+        with lock:
+            resolutions[id(f)] = resolutions.get(id(f), 0) + 1
+
+    def submitter(k: int) -> None:
+        for b in range(5):
+            urls = [server.url("/delay?ms=%d&k=%d&b=%d&i=%d" % (i % 3, k, b, i)) for i in range(100)]
+            batch = queues[k].get_many(urls, coalesce=False)
+            for f in batch:
+                f.add_done_callback(count)
+            with lock:
+                futs.extend(batch)
+
+    def canceller() -> None:
+        for _ in range(400):
+            with lock:
+                target = futs[rng.randrange(len(futs))] if futs else None
+            if target is not None and target.cancel():
+                with lock:
+                    cancel_true.append(target)
+            time.sleep(0.001)
+
+    threads = [threading.Thread(target=submitter, args=(k,)) for k in range(4)]
+    threads.append(threading.Thread(target=canceller))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=TIMEOUT)
+        assert not t.is_alive()
+    e.close()                           # cancels what is still pending
+    assert len(futs) == 2000
+    done, not_done = cf.wait(futs, timeout=TIMEOUT)
+    assert not not_done
+    with lock:
+        assert len(resolutions) == 2000 and set(resolutions.values()) == {1}
+    assert cancel_true                  # the cancels did hit pending requests
+    assert all(f.cancelled() for f in cancel_true)
+    for f in futs:
+        if not f.cancelled():
+            assert f.exception() is None and f.result().status == 200
+    assert e._core.violations == []
