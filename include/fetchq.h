@@ -445,8 +445,9 @@ fq_op_id fq_submit_request(fq_queue *queue, const json_t *request, const json_t 
  * submitted, and the options are read once. The engine's lock is taken once
  * per 64 operations, so a long batch does not hold up transfers that end
  * meanwhile. Returns how many operations were submitted, their ids in ids[0],
- * ids[1], ... (`ids` may be NULL): n, unless the queue was closed or the
- * engine began shutting down during the call; then fewer, and
+ * ids[1], ... (`ids` may be NULL): n, unless the engine stopped taking them
+ * during the call (it began shutting down; or, with "depends_on", a
+ * dependency left the engine's history meanwhile); then fewer, and
  * fq_last_error() says why. Those submitted are ordinary operations, each
  * with its callback; the others never get one. Returns a negative fq_status
  * when nothing was submitted: an invalid request, option or URL (the message

@@ -270,8 +270,9 @@ extension Engine {
     /// `fq_submit_requests`: one request per URL, all from one request
     /// object and one options object, read once; every URL is checked before
     /// any operation is submitted. Returns the ids in order. Fewer than
-    /// `urls.count` only when the queue or the engine stopped taking work
-    /// during the call (`stopped` says why); nothing submitted is a throw.
+    /// `urls.count` only when the scheduler stopped taking them during the
+    /// call (the queue closed, the engine began shutting down, a dependency
+    /// left history; `stopped` says why); nothing submitted is a throw.
     public func submitRequests(_ request: UnsafePointer<json_t>?, urls: [String], to queue: Queue,
                                options: UnsafePointer<json_t>?, callbacks: (Int) -> Callback)
         throws(FetchQError) -> (ids: [OpID], stopped: FetchQError?)

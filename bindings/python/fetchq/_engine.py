@@ -1438,9 +1438,10 @@ class Queue:
         of ``urls``, each resolving as :meth:`request`'s does. Every URL is
         checked before any request is submitted: a bad one raises (the
         message names ``urls[i]``) and none is submitted. If the engine or the
-        queue is closed while the batch is being submitted, the requests that
-        could not be submitted get futures that have already failed with that
-        error. ``progress`` and ``on_update`` are not taken here: use
+        queue is closed while the batch is being submitted (or, with
+        ``depends_on``, a dependency leaves the engine's history meanwhile),
+        the requests that could not be submitted get futures that have
+        already failed with that error. ``progress`` and ``on_update`` are not taken here: use
         :meth:`request`."""
         if not isinstance(method, str):
             raise TypeError("method must be str")
