@@ -703,26 +703,31 @@ TEST(misuse_engine_free_from_callback_and_bodies_poll_mode) {
 
 /* ------------------------------------------- submits while the engine frees */
 
+enum { SUBMIT_KINDS = 5 }; /* block, async, request, search-all, many requests */
+
 typedef struct {
     fq_engine *e;
     fq_queue *q;
     atomic_int shutdown_rcs, other_rcs, attempts;
     atomic_int queue_new_null;
-    rec rejected[4];
+    rec rejected[SUBMIT_KINDS];
     rec self;
 } during_free;
 
 static void submit_everything(during_free *d) {
     json_t *req = json_pack("{s:s}", "url", "http://127.0.0.1:9/");
     const char *qs[] = {"a", "b"};
-    fq_op_id ids[4] = {
+    const char *urls[] = {"http://127.0.0.1:9/a", "http://127.0.0.1:9/b"};
+    void *uds[] = {&d->rejected[4], &d->rejected[4]};
+    fq_op_id ids[SUBMIT_KINDS] = {
         fq_submit_block(d->q, body_tag, NULL, rec_done, &d->rejected[0]),
         fq_submit_async(d->q, body_async_capture, NULL, rec_done, &d->rejected[1]),
         fq_submit_request(d->q, req, NULL, rec_done, &d->rejected[2]),
         fq_submit_search_all(d->q, qs, 2, NULL, rec_done, &d->rejected[3]),
+        fq_submit_requests(d->q, NULL, urls, 2, NULL, rec_done, uds, NULL),
     };
     json_decref(req);
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < SUBMIT_KINDS; i++) {
         atomic_fetch_add(&d->attempts, 1);
         if (ids[i] == FQ_ERR_SHUTDOWN)
             atomic_fetch_add(&d->shutdown_rcs, 1);
@@ -771,15 +776,15 @@ static void submit_during_free(const char *config) {
     fqt_engine_free(e);
     CHECK_EQ_INT(atomic_load(&cb.self.calls), 1);
     CHECK_EQ_INT(cb.self.outcome, FQ_CANCELLED);
-    CHECK_EQ_INT(atomic_load(&cb.attempts), 4);
-    CHECK_EQ_INT(atomic_load(&cb.shutdown_rcs), 4);
-    CHECK_EQ_INT(atomic_load(&body.attempts), 4);
-    CHECK_EQ_INT(atomic_load(&body.shutdown_rcs), 4);
+    CHECK_EQ_INT(atomic_load(&cb.attempts), SUBMIT_KINDS);
+    CHECK_EQ_INT(atomic_load(&cb.shutdown_rcs), SUBMIT_KINDS);
+    CHECK_EQ_INT(atomic_load(&body.attempts), SUBMIT_KINDS);
+    CHECK_EQ_INT(atomic_load(&body.shutdown_rcs), SUBMIT_KINDS);
     CHECK_EQ_INT(atomic_load(&cb.queue_new_null), 1);
     CHECK_EQ_INT(atomic_load(&body.queue_new_null), 1);
     /* nothing rejected ran or was called back, also not later */
     fqt_sleep_ms(50);
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < SUBMIT_KINDS; i++) {
         check_never_called(&cb.rejected[i], "submit from a callback during fq_engine_free");
         check_never_called(&body.rejected[i], "submit from a body during fq_engine_free");
     }
