@@ -8,6 +8,21 @@ func callback(_ done: fq_completion_fn?, _ userdata: UnsafeMutableRawPointer?) -
     return .c(done, userdata)
 }
 
+/// The n C strings of an array argument called `what`, copied; nil (the
+/// last error set, naming the NULL entry) when one is NULL.
+func strings(_ array: UnsafePointer<UnsafePointer<CChar>?>, _ n: Int, _ what: String) -> [String]? {
+    var list: [String] = []
+    list.reserveCapacity(n)
+    for i in 0..<n {
+        guard let s = string(array[i]) else {
+            _ = fail(.invalid, "\(what)[\(i)] is NULL")
+            return nil
+        }
+        list.append(s)
+    }
+    return list
+}
+
 /// A submit's return value: the id, or the negative status.
 func submitted(_ body: () throws(FetchQError) -> OpID) -> fq_op_id {
     do {
@@ -127,12 +142,7 @@ public func fq_submit_requests(_ handle: OpaquePointer?, _ request: UnsafePointe
     guard n >= 0 else { return Int64(fail(.invalid, "n is larger than any array can be")) }  // size_t above Int.max
     guard n > 0 else { return 0 }
     guard let urls else { return Int64(fail(.invalid, "urls is NULL")) }
-    var list: [String] = []
-    list.reserveCapacity(n)
-    for i in 0..<n {
-        guard let url = string(urls[i]) else { return Int64(fail(.invalid, "urls[\(i)] is NULL")) }
-        list.append(url)
-    }
+    guard let list = strings(urls, n, "urls") else { return Int64(FQStatus.invalid.rawValue) }
     do {
         let (submitted, stopped) = try q.engine.submitRequests(request, urls: list, to: q, options: options) { i in
             callback(done, userdata?[i])
@@ -216,11 +226,7 @@ public func fq_submit_search_all(_ handle: OpaquePointer?, _ queries: UnsafePoin
     guard let q = queue(handle), let queries, n > 0 else {
         return fq_op_id(fail(.invalid, "NULL queue, NULL queries or n == 0"))
     }
-    var list: [String] = []
-    for i in 0..<n {
-        guard let s = string(queries[i]) else { return fq_op_id(fail(.invalid, "queries[\(i)] is NULL")) }
-        list.append(s)
-    }
+    guard let list = strings(queries, n, "queries") else { return fq_op_id(FQStatus.invalid.rawValue) }
     return submitted { () throws(FetchQError) in
         try q.engine.submitSearchAll(list, to: q, options: options, callback: callback(done, userdata))
     }

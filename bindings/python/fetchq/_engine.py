@@ -1452,9 +1452,9 @@ class Queue:
                 raise TypeError("request_many does not take %s: use request()" % name)
         core = self._core
         L = core.lib
-        if not core.lib.has("fq_submit_requests"):
-            return [self.request(method, url, headers=headers, params=params, json=json, data=data,
-                                 **dict(options)) for url in urls]
+        if not L.has("fq_submit_requests"):
+            return [self.request(method, url, headers=headers, params=params, json=json, data=data, **options)
+                    for url in urls]
         raw = [_ffi.encode_str(u, "url") for u in urls]
         n = len(raw)
         req: Dict[str, Any] = {"method": method}
@@ -1478,41 +1478,27 @@ class Queue:
             state.future = fut
             pending[token] = state
             futures.append(fut)
-        lock = core.lock
         stopped: Optional[BaseException] = None
         try:
+            h = self._enter()
             try:
-                h = self._enter()
-                try:
-                    count = L.fq_submit_requests(h, template, url_array, n, opts, core.completion_cb,
-                                                 userdata, ids)
-                    _ffi.check(count)
-                    if count < n:               # stopped part way: read the reason at once
-                        message = _ffi.last_error_message() or "the queue stopped taking requests"
-                        stopped = (ShutdownError if core.closing else StateError)(message)
-                except BaseException:
-                    core.exit()
-                    raise
-            except BaseException:
-                for token in tokens:
-                    pending.pop(token, None)
-                raise
+                count = L.fq_submit_requests(h, template, url_array, n, opts, core.completion_cb, userdata, ids)
+            finally:
+                core.exit()
+            _ffi.check(count)                   # nothing submitted: raise (the message is read at once)
+            if count < n:                       # stopped part way: read the reason at once
+                message = _ffi.last_error_message() or "the queue stopped taking requests"
+                stopped = (ShutdownError if core.closing else StateError)(message)
+        except BaseException:
+            for token in tokens:
+                pending.pop(token, None)
+            raise
         finally:
             _ffi.free_private(owned)
             _ffi.free_private(template)
-        wanted = []
-        with lock:                              # core.exit() and core.submitted(...) for each
-            core.inflight -= 1
-            if core.inflight == 0 and core.closing:
-                core.idle.notify_all()
-            for i in range(count):
-                fut = futures[i]
-                fut._op_id = ids[i]
-                if fut._cancel_wanted:
-                    fut._cancel_wanted = False
-                    wanted.append(fut)
-        for fut in wanted:                      # cancel() ran while we were submitting
-            core.request_cancel(fut)
+        # Nobody else holds these futures yet, so no cancel() can have run.
+        for i in range(count):
+            futures[i]._op_id = ids[i]
         if stopped is not None:
             for i in range(count, n):
                 pending.pop(tokens[i], None)
