@@ -4,7 +4,7 @@ import Testing
 /// The scheduler's decisions, tested as a pure value: no threads, no I/O,
 /// time passed in explicitly.
 @Suite struct SchedulerStateMachineTests {
-    typealias Machine = SchedulerStateMachine<String>
+    typealias Machine = SchedulerStateMachine<String, AnyObject>
 
     /// Ids started by these actions, in order.
     func started(_ actions: [Machine.Action]) -> [OpID] {
@@ -13,7 +13,7 @@ import Testing
 
     func completed(_ actions: [Machine.Action]) -> [(OpID, Outcome, FQStatus, String)] {
         actions.compactMap {
-            if case .complete(let id, let o, let s, let r) = $0 { return (id, o, s, r.message(for: id)) } else { return nil }
+            if case .complete(let id, let o, let s, let r, _) = $0 { return (id, o, s, r.message(for: id)) } else { return nil }
         }
     }
 
@@ -553,7 +553,7 @@ import Testing
             for a in actions {
                 switch a {
                 case .start(let id, _): running.insert(id)
-                case .complete(let id, _, _, _): ends[id, default: 0] += 1
+                case .complete(let id, _, _, _, _): ends[id, default: 0] += 1
                 case .cancelRunning: break
                 }
             }

@@ -16,15 +16,22 @@ public enum DeliveryMode: Sendable { case thread, inline, poll }
 /// nothing waits and no callback runs (`claimInline`/`runInline`), which
 /// saves the hand-off to the delivery thread and waking it.
 ///
-/// `@unchecked Sendable`: `items`, `stopping` and `running` are guarded by `lock`;
+/// On a busy engine the delivery thread does not sleep between batches: it
+/// naps for `napNanos` and nobody wakes it meanwhile (see `run`), so a
+/// callback may wait up to a nap for it, and the engine's threads are not
+/// paying a wake-up per completion.
+///
+/// `@unchecked Sendable`: `items`, `stopping`, `running`, `napping` and
+/// `napsLeft` are guarded by `lock`;
 /// `thread` is written in init and read in `stop()` only.
 final class Delivery: @unchecked Sendable {
     typealias Mode = DeliveryMode
 
-    /// A completion (counted as outstanding until its callback returned),
-    /// or an event for the engine's event handler.
+    /// A completion (counted as outstanding until its callback returned;
+    /// the result carries its callback and queue), or an event for the
+    /// engine's event handler.
     enum Item {
-        case completion(OperationResult, Callback, QueueID)
+        case completion(OperationResult)
         case event(OperationEvent, EventHandler)
     }
 
@@ -33,6 +40,11 @@ final class Delivery: @unchecked Sendable {
     let eventFD: Int32
     private let lock = ConditionLock()
     private var items = Ring<Item>()
+    /// The delivery thread naps (see `run`); posters leave it be meanwhile.
+    private var napping = false
+    private var napsLeft = 0
+    /// How long a nap lasts: what a callback may wait on a busy engine.
+    static let napNanos: UInt64 = 100_000
     private var stopping = false
     /// Some thread is running callbacks (the delivery thread with a batch,
     /// or an engine thread that claimed an inline batch): nobody else may
@@ -61,16 +73,17 @@ final class Delivery: @unchecked Sendable {
         if eventFD >= 0 { close(eventFD) }
     }
 
-    /// Queues an item. Only the first item of a batch wakes the consumer:
-    /// the delivery thread takes everything waiting when it wakes, so
-    /// signalling for every item only paid for futex calls.
+    /// Queues an item. Only the first item of a batch wakes the consumer,
+    /// and not while it naps: the delivery thread takes everything waiting
+    /// when it wakes, so signalling for every item only paid for futex calls.
     func post(_ item: Item) {
         lock.lock()
         let wasEmpty = items.isEmpty
         items.append(item)
         if mode == .poll && wasEmpty { signalFD() }
+        let wake = mode != .poll && wasEmpty && !napping
         lock.unlock()
-        if mode != .poll && wasEmpty { lock.signal() }
+        if wake { lock.signal() }
     }
 
     /// Queues items in order with one lock round trip (and at most one wake).
@@ -80,8 +93,9 @@ final class Delivery: @unchecked Sendable {
         let wasEmpty = items.isEmpty
         for item in batch { items.append(item) }
         if mode == .poll && wasEmpty { signalFD() }
+        let wake = mode != .poll && wasEmpty && !napping
         lock.unlock()
-        if mode != .poll && wasEmpty { lock.signal() }
+        if wake { lock.signal() }
     }
 
     private func signalFD() {
@@ -97,9 +111,9 @@ final class Delivery: @unchecked Sendable {
     /// Runs one item's callback; returns the queue of a completion.
     private func call(_ item: Item) -> QueueID? {
         switch item {
-        case .completion(let result, let callback, let queue):
-            callback.call(result)
-            return queue
+        case .completion(let result):
+            result.takeCallback().call(result)
+            return result.queue
         case .event(let event, let handler):
             handler(event)
             return nil
@@ -114,19 +128,33 @@ final class Delivery: @unchecked Sendable {
         var queues: [QueueID] = []
         while true {
             lock.lock()
-            // An inline batch always ends first, stopping or not.
-            while running || (items.isEmpty && !stopping) { lock.wait(until: nil) }
+            // An inline batch always ends first, stopping or not. With
+            // nothing to do right after a batch, nap instead of sleeping:
+            // posters do not wake a napping thread (a futex call and a
+            // context switch per callback on a busy engine), it looks again
+            // when the nap ends. A nap that found nothing ends the napping.
+            while running || (items.isEmpty && !stopping) {
+                if !running && napsLeft > 0 {
+                    napsLeft -= 1
+                    napping = true
+                    lock.wait(until: monotonicNanos() &+ Self.napNanos)
+                    napping = false
+                    continue
+                }
+                lock.wait(until: nil)
+            }
+            napsLeft = 1
             if items.isEmpty {
                 lock.unlock()
                 return
             }
-            while !items.isEmpty { batch.append(items.removeFirst()) }
+            items.takeAll(into: &batch)
             running = true
             lock.unlock()
             for item in batch {
                 if let queue = call(item) { queues.append(queue) }
             }
-            batch.removeAll(keepingCapacity: true)
+            batch.removeAll(keepingCapacity: batch.capacity <= 4096)
             if !queues.isEmpty { delivered(queues) }
             queues.removeAll(keepingCapacity: true)
             lock.withLock { running = false }

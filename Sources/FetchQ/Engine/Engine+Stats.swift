@@ -8,8 +8,8 @@ extension Engine {
 
     /// Counters as a new JSON object (see fq_engine_stats).
     public func stats() -> JSONRef {
-        lock.lock()
-        defer { lock.unlock() }
+        lockEngine()
+        defer { unlockEngine() }
         let root = json_object()!
         func put(_ object: UnsafeMutablePointer<json_t>, _ key: String, _ value: Int) {
             json_object_set_new(object, key, json_integer(json_int_t(value)))
@@ -23,7 +23,7 @@ extension Engine {
             put(object, "running", c.running)
         }
         counters(root, machine.counters)
-        put(root, "undelivered", outstandingTotal - machine.counters.queued - machine.counters.running)
+        put(root, "undelivered", outstanding.count(nil) - machine.counters.queued - machine.counters.running)
         let perQueue = json_object()!
         for queue in machine.queues where !queue.closed && !queue.removed {
             let q = json_object()!

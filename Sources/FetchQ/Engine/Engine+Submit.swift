@@ -41,8 +41,39 @@ extension Engine {
 
     public func submit(_ body: OperationBody, to queue: Queue, options: UnsafePointer<json_t>?,
                        callback: Callback) throws(FetchQError) -> OpID {
+        guard options != nil else {
+            // No options: the defaults, without scanning anything.
+            try refuseIfShuttingDown()
+            return try enqueueBody(body, queue: queue.id, common: CommonOptions(defaultMaxWaitMs: defaultMaxWaitMs),
+                                   callback: callback)
+        }
         let (common, _) = try readOptions(options) { (_: inout OptionReader) throws(FetchQError) in }
-        return try enqueue(body, queue: queue.id, common: common, host: nil, callback: callback)
+        return try enqueueBody(body, queue: queue.id, common: common, callback: callback)
+    }
+
+    /// A block or async operation. With no dependency and no barrier it
+    /// goes through the inbox (see SubmitInbox): its id is given here and
+    /// the submit returns without waiting for the engine lock.
+    private func enqueueBody(_ body: OperationBody, queue: QueueID, common: CommonOptions,
+                             callback: Callback) throws(FetchQError) -> OpID {
+        guard common.dependsOn.isEmpty && !common.barrier else {
+            // Its dependencies are checked under the lock, in order.
+            return try enqueue(body, queue: queue, common: common, host: nil, callback: callback)
+        }
+        let now = monotonicNanos()
+        let id = newID()
+        let op = Operation(id: id, queue: queue, qos: common.qos, body: body, callback: callback, engine: self,
+                           submittedAt: now)
+        let deadline = common.maxWaitMs > 0 ? now + UInt64(common.maxWaitMs) * 1_000_000 : nil
+        switch inbox.push(.init(op: op, priority: common.priority, group: common.group, startDeadline: deadline)) {
+        case .queued: break
+        case .mustLock:
+            lockEngine()  // books it
+            unlockEngine()
+        case .refused(let error): throw error
+        }
+        if deadline != nil { timer.kick() }
+        return id
     }
 
     /// Submits an HTTP request (`request`: method, url, headers, query, body).
@@ -110,55 +141,59 @@ extension Engine {
             if common.maxWaitMs > 0 { s.startDeadline = now + UInt64(common.maxWaitMs) * 1_000_000 }
             return s
         }
-        lock.lock()
+        lockEngine()
         guard !shuttingDown else {
-            lock.unlock()
+            unlockEngine()
             throw FetchQError(.shutdown, "the engine is being freed")
         }
         var actions: [Machine.Action] = []
         for (q, job) in zip(unique, jobs) {
-            switch machine.submit(spec(host: job.host), now: now) {
+            let child = Operation(id: 0, queue: queue.id, qos: common.qos, body: .network(job), callback: .none, engine: self)
+            child.family = family
+            var childSpec = spec(host: job.host)
+            childSpec.owner = child
+            childSpec.id = newID()
+            switch machine.submit(childSpec, now: now) {
             case .success(let (id, more)):
-                let child = Operation(id: id, queue: queue.id, qos: common.qos, body: .network(job), callback: .none, engine: self)
-                child.family = family
-                live[id] = child
+                child.id = id
                 family.children.append(id)
                 family.queries[id] = q
                 actions += more
             case .failure(let error):
                 // Only the first child can fail (they share queue and deps).
-                lock.unlock()
+                unlockEngine()
                 throw error
             }
         }
         // The parent collects the children and shares their dependencies:
         // if one of those failed, the parent ends cancelled naming it.
+        let parent = Operation(id: 0, queue: queue.id, qos: common.qos,
+                               body: .block { op in family.merge(op) }, callback: callback, engine: self)
+        parent.family = family
         var parentSpec = spec(host: nil)
         parentSpec.startDeadline = nil
         parentSpec.collects = family.children
+        parentSpec.owner = parent
+        parentSpec.id = newID()
         let parentSubmit = machine.submit(parentSpec, now: now)
         guard case .success(let (parentID, more)) = parentSubmit else {
             // Cannot happen once the children were accepted (same queue, same
             // dependencies); roll them back rather than leave them orphaned.
             for child in family.children {
-                live[child] = nil
+                machine.setOwner(nil, of: child)  // no completion for a child rolled back
                 if case .success(let more) = machine.cancel(child, now: now) { actions += more }
             }
             let work = resolve(actions)
-            lock.unlock()
+            unlockEngine()
             execute(work)
             if case .failure(let error) = parentSubmit { throw error }
             throw FetchQError(.invalid, "search-all could not be submitted")
         }
-        let parent = Operation(id: parentID, queue: queue.id, qos: common.qos,
-                               body: .block { op in family.merge(op) }, callback: callback, engine: self)
-        parent.family = family
+        parent.id = parentID
         family.parent = parentID
-        live[parentID] = parent
-        outstanding[queue.id] += family.children.count + 1
-        outstandingTotal += family.children.count + 1
+        outstanding.add(queue.id, family.children.count + 1)
         let work = resolve(actions + more)
-        lock.unlock()
+        unlockEngine()
         execute(work)
         if common.maxWaitMs > 0 { timer.kick() }
         return parentID
@@ -193,48 +228,50 @@ extension Engine {
         let now = monotonicNanos()
         // Made before locking (its id is set under the lock, before anyone
         // else can see it): the lock is held for the bookkeeping only.
-        let (op, spec) = prepare(body, queue: queue, common: common, host: host, callback: callback, now: now)
-        lock.lock()
+        let op = Operation(id: 0, queue: queue, qos: common.qos, body: body, callback: callback, engine: self,
+                           submittedAt: now)
+        var spec = Self.spec(queue: queue, common: common, host: host, owner: op, now: now)
+        lockEngine()
         var actions: [Machine.Action] = []
         let id: OpID
         do {
-            id = try admit(op, spec, common: common, sharing: key, now: now, into: &actions)
+            id = try admit(op, &spec, common: common, sharing: key, now: now, into: &actions)
         } catch {
-            lock.unlock()
+            unlockEngine()
             throw error
         }
         // An operation attached to a shared transfer has no deadline of its own.
         let kick = spec.startDeadline != nil && op.shared == nil
         let work = resolve(actions)
-        lock.unlock()
+        unlockEngine()
         if !work.isEmpty { execute(work) }
         if kick { timer.kick() }
         return id
     }
 
-    /// An operation and its scheduler spec, made outside the lock.
-    func prepare(_ body: OperationBody, queue: QueueID, common: CommonOptions, host: String?, callback: Callback,
-                 now: UInt64) -> (Operation, Machine.Spec) {
+    /// The scheduler spec of an operation, made outside the lock.
+    @inline(__always)
+    static func spec(queue: QueueID, common: borrowing CommonOptions, host: String?, owner: Operation,
+                     now: UInt64) -> Machine.Spec {
         var spec = Machine.Spec(queue: queue)
         spec.priority = common.priority
         spec.qos = common.qos
-        spec.group = common.group
+        if let group = common.group { spec.group = group }
         spec.host = host
-        spec.dependsOn = common.dependsOn
+        if !common.dependsOn.isEmpty { spec.dependsOn = common.dependsOn }
         spec.barrier = common.barrier
         if common.maxWaitMs > 0 { spec.startDeadline = now + UInt64(common.maxWaitMs) * 1_000_000 }
-        let op = Operation(id: 0, queue: queue, qos: common.qos, body: body, callback: callback, engine: self,
-                           submittedAt: now)
-        return (op, spec)
+        spec.owner = owner
+        return spec
     }
 
     /// With the lock held: gives `op` its id in the state machine and books
-    /// it (coalescing, live table, counters). Throws, having changed nothing,
+    /// it (coalescing, counters). Throws, having changed nothing,
     /// when the engine is being freed or the scheduler refuses the spec.
-    func admit(_ op: Operation, _ spec: Machine.Spec, common: CommonOptions, sharing key: String?, now: UInt64,
-               into actions: inout [Machine.Action]) throws(FetchQError) -> OpID {
+    func admit(_ op: Operation, _ spec: inout Machine.Spec, common: borrowing CommonOptions, sharing key: String?,
+               now: UInt64, into actions: inout [Machine.Action]) throws(FetchQError) -> OpID {
         guard !shuttingDown else { throw FetchQError(.shutdown, "the engine is being freed") }
-        var spec = spec
+        if spec.id == nil { spec.id = newID() }
         let existing = key.flatMap { coalesced[$0] }
         if existing != nil {
             spec.attached = true
@@ -257,9 +294,7 @@ extension Engine {
             op.leads = shared
             coalesced[key] = shared
         }
-        live[id] = op
-        outstanding[spec.queue] += 1
-        outstandingTotal += 1
+        outstanding.add(spec.queue)
         return id
     }
 
@@ -303,23 +338,25 @@ extension Engine {
             prepared.reserveCapacity(end - next)
             for i in next..<end {
                 let job = jobs[i]
-                let (op, spec) = prepare(.network(job), queue: queue.id, common: common, host: job.host,
-                                         callback: callbacks(i), now: now)
-                prepared.append((op, spec, sharingKey(job, common)))
+                let op = Operation(id: 0, queue: queue.id, qos: common.qos, body: .network(job), callback: callbacks(i),
+                                   engine: self, submittedAt: now)
+                prepared.append((op, Self.spec(queue: queue.id, common: common, host: job.host, owner: op, now: now),
+                                 sharingKey(job, common)))
             }
             var actions: [Machine.Action] = []
             var stopped: FetchQError? = nil
-            lock.lock()
+            lockEngine()
             for (op, spec, key) in prepared {
+                var spec = spec
                 do {
-                    ids.append(try admit(op, spec, common: common, sharing: key, now: now, into: &actions))
+                    ids.append(try admit(op, &spec, common: common, sharing: key, now: now, into: &actions))
                 } catch {
                     stopped = error
                     break
                 }
             }
             let work = resolve(actions)
-            lock.unlock()
+            unlockEngine()
             if !work.isEmpty { execute(work) }
             if common.maxWaitMs > 0 { timer.kick() }
             if let stopped {
@@ -352,6 +389,11 @@ struct CommonOptions {
 
     /// Made once (building it per submit was an allocation per operation).
     static let qosNames = QoS.allCases.reversed().map(\.name)
+
+    /// The defaults (a submit with no options object).
+    init(defaultMaxWaitMs: Int) {
+        maxWaitMs = defaultMaxWaitMs
+    }
 
     init(reading r: inout OptionReader, defaultMaxWaitMs: Int) throws(FetchQError) {
         maxWaitMs = defaultMaxWaitMs

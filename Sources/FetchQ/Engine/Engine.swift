@@ -8,13 +8,14 @@ import Synchronization
 /// threads, the delivery thread (or the poll-mode caller) and a timer thread.
 /// The state machine decides; this class only carries out its actions.
 ///
-/// `@unchecked Sendable`: `machine`, `live`, `queues`, `outstanding*`,
+/// `@unchecked Sendable`: `machine` (which also holds each live operation
+/// object), `queues`,
 /// `shuttingDown`, `eventHandler`, `stores`, `coalesced` and `transport` are
 /// guarded by `lock` (they are internal only so that the Engine+*.swift
 /// extensions can use them: touch them with the lock held); `workers`,
 /// `delivery` and `timer` are set once in init and are thread-safe themselves.
 public final class Engine: @unchecked Sendable {
-    typealias Machine = SchedulerStateMachine<OperationResult>
+    typealias Machine = SchedulerStateMachine<OperationResult, Operation>
 
     public let config: EngineConfig
     /// The search settings of a submit whose options hold only common keys
@@ -26,11 +27,10 @@ public final class Engine: @unchecked Sendable {
     let logSink = LogSink()
     let lock = ConditionLock()
     var machine: Machine
-    var live = IDTable<Operation>()
     var queues: [QueueID: Queue] = [:]
-    /// Operations submitted whose callback has not returned yet.
-    var outstanding = QueueCounts()
-    var outstandingTotal = 0
+    /// Operations submitted whose callback has not returned yet (its own
+    /// lock, taken after this one).
+    let outstanding = Outstanding()
     var shuttingDown = false
     /// `shuttingDown`, readable without the lock (submits check it first).
     let shutdownStarted = Atomic<Bool>(false)
@@ -41,6 +41,16 @@ public final class Engine: @unchecked Sendable {
     /// queue in one batch at the end of `resolve` (still under the lock, so
     /// in the order they were decided).
     var pendingPosts: [Delivery.Item] = []
+    /// Submits not yet booked (see SubmitInbox), and what booking them
+    /// started, carried out by whoever unlocks (guarded by `lock`).
+    let inbox = SubmitInbox()
+    var inboxWork: [Work] = []
+    /// The next operation id: every id is handed out here, so that a
+    /// submit can have its id before the scheduler books it.
+    private let nextID = Atomic<OpID>(1)
+    /// Scratch space for the scheduler's actions at an operation's end,
+    /// kept between uses (guarded by `lock`).
+    var actionScratch: [Machine.Action] = []
     /// In-flight shared transfers by request key.
     var coalesced: [String: SharedTransfer] = [:]
     /// The HTTP cache (config "cache"), nil when its size is 0.
@@ -70,7 +80,8 @@ public final class Engine: @unchecked Sendable {
             maxPerHost: config.maxPerHost,
             history: config.history,
             historyValues: min(config.historyValues, config.history),
-            rateLimits: config.rateLimits.mapValues { .init(perSecond: $0.perSecond, burst: $0.burst) }))
+            rateLimits: config.rateLimits.mapValues { .init(perSecond: $0.perSecond, burst: $0.burst) },
+            isLight: { $0.isLight }))
         let owner = selfPointer
         delivery = try Delivery(mode: config.delivery, owner: owner) { [unowned self] item in
             delivered(item)
@@ -102,8 +113,8 @@ public final class Engine: @unchecked Sendable {
         guard maxConcurrent >= 1 else {
             throw FetchQError(.invalid, "max_concurrent must be at least 1, got \(maxConcurrent)")
         }
-        lock.lock()
-        defer { lock.unlock() }
+        lockEngine()
+        defer { unlockEngine() }
         guard !shuttingDown else { throw FetchQError(.shutdown, "the engine is being freed") }
         guard machine.queueNamed(name) == nil else {
             throw FetchQError(.invalid, "a queue named \"\(name)\" already exists")
@@ -136,6 +147,7 @@ public final class Engine: @unchecked Sendable {
     func closeQueue(_ queue: QueueID) {
         run { m in
             queues[queue] = nil
+            inbox.closeQueue(queue)  // what came before is booked, then cancelled
             return m.closeQueue(queue, now: monotonicNanos())
         }
     }
@@ -173,11 +185,11 @@ public final class Engine: @unchecked Sendable {
             var own = priority
             // The leading caller runs the transfer for its callers too: it
             // does not go below the highest priority one of them asked for.
-            let leads = live[id]?.leads.flatMap { $0.done ? nil : $0 }
+            let leads = m.owner(of: id)?.leads.flatMap { $0.done ? nil : $0 }
             if let floor = leads?.callersPriority, floor.rawValue > own.rawValue { own = floor }
             var result = m.setPriority(id, own, now: now)
             if case .success = result, let leads { leads.priority = own }
-            if case .success(let actions) = result, let shared = live[id]?.shared, !shared.done {
+            if case .success(let actions) = result, let shared = m.owner(of: id)?.shared, !shared.done {
                 result = .success(actions + shared.lift(to: priority, in: &m, now: now))
             }
             return result
@@ -185,23 +197,76 @@ public final class Engine: @unchecked Sendable {
     }
 
     public func addDependency(_ id: OpID, on dep: OpID) throws(FetchQError) {
-        lock.lock()
+        lockEngine()
         switch machine.addDependency(id, on: dep, now: monotonicNanos()) {
         case .success(var actions):
             var work: [Work] = []
-            if let op = live[id], let shared = op.leads {
+            if let op = machine.owner(of: id), let shared = op.leads {
                 // The leading caller of a shared transfer now waits for a
                 // dependency: the callers sharing it should not.
                 op.leads = nil
                 actions += leaderEnded(shared, .cancelled, .cancelled, .cancelled, &work)
             }
             resolve(actions, into: &work)
-            lock.unlock()
+            unlockEngine()
             execute(work)
         case .failure(let error):
-            lock.unlock()
+            unlockEngine()
             throw error
         }
+    }
+
+    // MARK: - The engine lock
+
+    /// A new operation id (never reused).
+    @inline(__always)
+    func newID() -> OpID { nextID.wrappingAdd(1, ordering: .relaxed).oldValue }
+
+    /// Takes the engine lock and books the submits waiting in the inbox.
+    /// Every path that reads or changes the scheduler takes the lock this
+    /// way (reading a field of an operation needs only `lock`).
+    @inline(__always)
+    func lockEngine() {
+        lock.lock()
+        if let entries = inbox.claim() { admit(entries) }
+    }
+
+    /// Books the submits that came meanwhile, lets the lock go, then
+    /// starts what booking them started.
+    @inline(__always)
+    func unlockEngine() {
+        while let entries = inbox.release() { admit(entries) }
+        guard !inboxWork.isEmpty else {
+            lock.unlock()
+            return
+        }
+        var work: [Work] = []
+        swap(&work, &inboxWork)
+        lock.unlock()
+        execute(work)
+    }
+
+    /// With the lock held: books submits from the inbox, in order. One the
+    /// scheduler refuses (its queue was closed after the submit returned)
+    /// ends cancelled, as it would have in the queue.
+    private func admit(_ entries: [SubmitInbox.Entry]) {
+        var actions: [Machine.Action] = []
+        var queue = -1, count = 0
+        for entry in entries {
+            let op = entry.op
+            if op.queue != queue {
+                if count > 0 { outstanding.add(queue, count) }
+                queue = op.queue
+                count = 0
+            }
+            count += 1
+            if !machine.submitPlain(id: op.id, queue: op.queue, priority: entry.priority, qos: op.qos, group: entry.group,
+                                    startDeadline: entry.startDeadline, owner: op, now: op.submittedAt, into: &actions) {
+                post(OperationResult(id: op.id, outcome: .cancelled, status: .cancelled, reason: .cancelled), of: op)
+            }
+        }
+        if count > 0 { outstanding.add(queue, count) }
+        resolve(actions, into: &inboxWork)
     }
 
     // MARK: - Carrying out the state machine's actions
@@ -218,21 +283,21 @@ public final class Engine: @unchecked Sendable {
     /// Applies an event to the state machine under the lock, then carries out
     /// the resulting actions outside it.
     func run(_ event: (inout Machine) -> [Machine.Action]) {
-        lock.lock()
+        lockEngine()
         let work = resolve(event(&machine))
-        lock.unlock()
+        unlockEngine()
         execute(work)
     }
 
     func runThrowing(_ event: (inout Machine) -> Result<[Machine.Action], FetchQError>) throws(FetchQError) {
-        lock.lock()
+        lockEngine()
         switch event(&machine) {
         case .success(let actions):
             let work = resolve(actions)
-            lock.unlock()
+            unlockEngine()
             execute(work)
         case .failure(let error):
-            lock.unlock()
+            unlockEngine()
             throw error
         }
     }
@@ -250,7 +315,12 @@ public final class Engine: @unchecked Sendable {
         return work
     }
 
-    func resolve(_ actions: [Machine.Action], into work: inout [Work], inline: UnsafeMutablePointer<[Delivery.Item]>? = nil) {
+    /// `pickup` (a worker ending its job): the block or async operation
+    /// started first, when nothing comes before it in `work`, is put there
+    /// instead (see `execute`): the common end, "this one ended, that one
+    /// starts", then needs no work list.
+    func resolve(_ actions: [Machine.Action], into work: inout [Work], inline: UnsafeMutablePointer<[Delivery.Item]>? = nil,
+                 pickup: UnsafeMutablePointer<Operation?>? = nil) {
         var actions = actions
         var next = 0
         while next < actions.count {
@@ -258,8 +328,8 @@ public final class Engine: @unchecked Sendable {
             next += 1
             switch action {
             case .start(let id, let dependencies):
-                guard let op = live[id] else { continue }
-                op.dependencies = dependencies
+                guard let op = machine.owner(of: id) else { continue }
+                if !dependencies.isEmpty { op.dependencies = dependencies }
                 for (i, dep) in dependencies.enumerated() where dep.payload == nil && dep.outcome == .succeeded {
                     // A network dependency whose result left history
                     // ("history_values") before this operation was submitted.
@@ -269,9 +339,13 @@ public final class Engine: @unchecked Sendable {
                             + "(\(config.historyValues)) network operations finished after it",
                         value: nil)
                 }
-                work.append(.start(op))
-            case .complete(let id, let outcome, let status, let reason):
-                guard let op = live.removeValue(forKey: id) else { continue }
+                if let pickup, work.isEmpty, pickup.pointee == nil, !op.isNetwork {
+                    pickup.pointee = op
+                } else {
+                    work.append(.start(op))
+                }
+            case .complete(let id, let outcome, let status, let reason, let owner):
+                guard let op = owner else { continue }
                 if let shared = op.carries {
                     // A carrier that never ran (cancelled, waited too long):
                     // its callers end the same way.
@@ -284,10 +358,10 @@ public final class Engine: @unchecked Sendable {
                     actions += leaderEnded(shared, outcome, status, reason, &work)
                 }
                 let result = OperationResult(id: id, outcome: outcome, status: status, reason: reason)
-                pendingPosts.append(.completion(result, op.callback, op.queue))
+                post(result, of: op)
                 if op.family != nil { actions += familyEnded(op, result, &work) }
             case .cancelRunning(let id):
-                guard let op = live[id] else { continue }
+                guard let op = machine.owner(of: id) else { continue }
                 op.markCancelled()
                 if let shared = op.shared {
                     // A coalesced caller detaches; the last one out cancels the transfer.
@@ -317,9 +391,21 @@ public final class Engine: @unchecked Sendable {
                 swap(&inline.pointee, &pendingPosts)
                 return
             }
-            delivery.post(contentsOf: pendingPosts)
-            pendingPosts.removeAll(keepingCapacity: pendingPosts.count <= 1024)
+            if pendingPosts.count == 1 {
+                delivery.post(pendingPosts.removeLast())  // the usual one: moved, not copied
+            } else {
+                delivery.post(contentsOf: pendingPosts)
+                pendingPosts.removeAll(keepingCapacity: pendingPosts.count <= 1024)
+            }
         }
+    }
+
+    /// With the lock held: queues `op`'s completion for `resolve` to post.
+    @inline(__always)
+    func post(_ result: OperationResult, of op: Operation) {
+        result.callback = op.callback
+        result.queue = op.queue
+        pendingPosts.append(.completion(result))
     }
 
     /// With the lock held: the leading caller of a shared transfer ended
@@ -365,16 +451,18 @@ public final class Engine: @unchecked Sendable {
             spec.qos = caller.qos
             spec.host = job.host
             spec.isInternal = true
+            spec.id = newID()
             if shared.maxWaitMs > 0 {
                 spec.startDeadline = shared.callers[0].submittedAt + UInt64(shared.maxWaitMs) * 1_000_000
                 work.append(.kickTimer)
             }
+            let carrier = Operation(id: 0, queue: caller.queue, qos: caller.qos, body: .network(job), callback: .none,
+                                    engine: self)
+            spec.owner = carrier
             var actions: [Machine.Action] = []
             guard case .success(let id) = machine.submit(spec, now: now, into: &actions) else { continue }
-            let carrier = Operation(id: id, queue: caller.queue, qos: caller.qos, body: .network(job), callback: .none,
-                                    engine: self)
+            carrier.id = id
             carrier.carries = shared
-            live[id] = carrier
             shared.carrier = id
             return actions
         }
@@ -391,7 +479,7 @@ public final class Engine: @unchecked Sendable {
         shared.ownerLed = false
         guard !shared.done else { return false }
         guard !shared.callers.isEmpty, case .network(let job) = leader.body,
-              let id = machine.handOver(leader.id, now: monotonicNanos(), into: &actions) else {
+              let id = machine.handOver(leader.id, newID: newID(), now: monotonicNanos(), into: &actions) else {
             actions += leaderEnded(shared, .cancelled, .cancelled, .cancelled, &work)
             return false
         }
@@ -403,11 +491,10 @@ public final class Engine: @unchecked Sendable {
         carrier.transfer = leader.transfer
         carrier.transport = leader.transport
         leader.handedTo = carrier
-        live[leader.id] = nil
-        live[id] = carrier
+        machine.setOwner(carrier, of: id)
         shared.carrier = id
         let result = OperationResult(id: leader.id, outcome: .cancelled, status: .cancelled, reason: .cancelled)
-        pendingPosts.append(.completion(result, leader.callback, leader.queue))
+        post(result, of: leader)
         return true
     }
 
@@ -437,8 +524,7 @@ public final class Engine: @unchecked Sendable {
                      _ work: inout [Work]) -> [Machine.Action] {
         guard machine.state(of: caller.id) == .attached else { return [] }
         let result = OperationResult(id: caller.id, outcome: outcome, status: status, reason: reason)
-        live[caller.id] = nil
-        pendingPosts.append(.completion(result, caller.callback, caller.queue))
+        post(result, of: caller)
         return machine.finished(caller.id, outcome, payload: result, now: monotonicNanos())
     }
 
@@ -474,10 +560,21 @@ public final class Engine: @unchecked Sendable {
     /// at the end of its job. The first block/async operation started here is
     /// then returned for that worker to run next itself (no pool round trip,
     /// nobody woken) — unless other jobs wait in the pool, which go first.
+    ///
+    /// `pickup`: the first operation started, taken out of `work` by
+    /// `resolve` (it comes before everything in `work`).
     @discardableResult
-    func execute(_ work: [Work], selfPickup: Bool = false) -> Operation? {
+    func execute(_ work: [Work], pickup: Operation? = nil, selfPickup: Bool = false) -> Operation? {
         var selfPickup = selfPickup
         var next: Operation? = nil
+        if let op = pickup {
+            if selfPickup && workers.isIdle {
+                next = op
+            } else {
+                workers.submit(qos: op.qos, wake: !selfPickup, job: .body(op))
+            }
+            selfPickup = false
+        }
         for item in work {
             switch item {
             case .start(let op):
@@ -545,14 +642,14 @@ public final class Engine: @unchecked Sendable {
     @discardableResult
     func finishRunning(_ op: Operation, _ result: OperationResult, onWorker: Bool = false,
                        endCallers: ([Operation], OperationResult) -> Void = Engine.endCallersAlike) -> Operation? {
-        lock.lock()
+        lockEngine()
         // A leading caller cancelled while its transfer ran for others: the
         // carrier that took the transfer over ends instead (the leader has
         // ended already).
         let op = op.handedTo ?? op
         let state = machine.state(of: op.id)
         guard state == .running || state == .attached else {
-            lock.unlock()
+            unlockEngine()
             return nil
         }
         // A cancel is applied under this lock: if one got in before the end
@@ -567,35 +664,47 @@ public final class Engine: @unchecked Sendable {
                                      message: "operation \(op.id) was cancelled", value: nil, http: result.http)
         }
         let callers = detachCallers(op)
+        // The lock's own scratch array: no allocation per end.
         var actions: [Machine.Action] = []
+        swap(&actions, &actionScratch)
         machine.finished(op.id, result.outcome, payload: result, now: monotonicNanos(), into: &actions)
-        live[op.id] = nil
         var work: [Work] = []
-        work.reserveCapacity(2)  // usually a start and a release
         // Posted under the lock, before what this end unblocks: a child's
         // event, then this callback, then the dependents'.
         let familyActions = op.family == nil ? [] : familyEnded(op, result, &work)
         if op.carries == nil {  // a carrier is internal: nobody waits for its callback
-            pendingPosts.append(.completion(result, op.callback, op.queue))
+            post(result, of: op)
         }
         var inlineBatch: [Delivery.Item] = []
+        var pickup: Operation? = nil
+        let all = familyActions.isEmpty ? actions : familyActions + actions
         if onWorker && delivery.mode == .inline {
-            resolve(familyActions.isEmpty ? actions : familyActions + actions, into: &work, inline: &inlineBatch)
+            resolve(all, into: &work, inline: &inlineBatch, pickup: &pickup)
+        } else if onWorker {
+            resolve(all, into: &work, pickup: &pickup)
         } else {
-            resolve(familyActions.isEmpty ? actions : familyActions + actions, into: &work)
+            resolve(all, into: &work)
         }
-        lock.unlock()
+        if actions.count <= 4 {
+            while actions.popLast() != nil {}  // keeps the buffer, unlike a fresh array
+        } else {
+            actions.removeAll(keepingCapacity: actions.capacity <= 1024)
+        }
+        swap(&actions, &actionScratch)
+        let dropped = machine.takeDropped()
+        unlockEngine()
+        withExtendedLifetime(dropped) {}  // freed here, not under the lock
         if !callers.isEmpty { endCallers(callers, result) }
         if !inlineBatch.isEmpty {
             // Start what this end unblocked before running the callbacks.
-            let next = execute(work, selfPickup: onWorker)
+            let next = execute(work, pickup: pickup, selfPickup: onWorker)
             delivery.runInline(inlineBatch)
             return next
         }
         if result.outcome == .failed {
             logger.info("operation failed", metadata: ["id": "\(op.id)", "status": "\(result.status)", "error": "\(result.message ?? "")"])
         }
-        return execute(work, selfPickup: onWorker)
+        return execute(work, pickup: pickup, selfPickup: onWorker)
     }
 
     /// `finishRunning`'s default for the callers of a shared transfer that
@@ -609,28 +718,19 @@ public final class Engine: @unchecked Sendable {
         }
     }
 
-    /// After a callback returned.
+    /// After a batch of callbacks returned (without the engine lock).
     func delivered(_ queues: [QueueID]) {
-        lock.lock()
-        var wake = false
-        for queue in queues {
-            outstanding[queue] -= 1
-            if outstanding[queue] == 0 { wake = true }
-        }
-        outstandingTotal -= queues.count
-        if outstandingTotal == 0 { wake = true }
-        lock.unlock()
-        if wake { lock.broadcast() }
+        outstanding.done(queues)
     }
 
     static func waitedTooLong(_ id: OpID) -> String { "operation \(id) waited in its queue longer than its max_wait_ms" }
 
     func expireDeadlines() -> UInt64? {
-        lock.lock()
+        lockEngine()
         let actions = machine.expire(now: monotonicNanos(), waitedMessage: Self.waitedTooLong)
         let work = resolve(actions)
         let next = machine.nextDeadline()  // includes any rate-limit wake-up
-        lock.unlock()
+        unlockEngine()
         // The timer is the caller: it re-arms itself with `next`, no kick.
         execute(work.filter { if case .kickTimer = $0 { false } else { true } })
         return next
@@ -643,11 +743,11 @@ public final class Engine: @unchecked Sendable {
     func wait(queue: QueueID?, timeoutMs: Int) -> FQStatus {
         guard !onOwnThread else { return .state }
         let until = deadline(afterMs: timeoutMs)
-        let pending = { [self] in queue.map { outstanding[$0] } ?? outstandingTotal }
         if delivery.mode == .poll {
             while true {
                 _ = delivery.dispatch(max: 0)
-                if lock.withLock(pending) == 0 { return .ok }
+                bookInbox()
+                if outstanding.count(queue) == 0 { return .ok }
                 let now = monotonicNanos()
                 if let until, now >= until { return .timeout }
                 let sliceMs = until.map { Int(min(($0 - now) / 1_000_000 + 1, 100)) } ?? 100
@@ -655,12 +755,15 @@ public final class Engine: @unchecked Sendable {
                 _ = poll(&fd, 1, Int32(sliceMs))
             }
         }
-        lock.lock()
-        defer { lock.unlock() }
-        while pending() > 0 {
-            if !lock.wait(until: until) && pending() > 0 { return .timeout }
-        }
-        return .ok
+        bookInbox()
+        return outstanding.waitForZero(queue, until: until) ? .ok : .timeout
+    }
+
+    /// Books the submits waiting in the inbox (a wait counts only booked
+    /// operations: those whose submit returned before it are).
+    private func bookInbox() {
+        lockEngine()
+        unlockEngine()
     }
 
     public func waitIdle(timeoutMs: Int) -> FQStatus { wait(queue: nil, timeoutMs: timeoutMs) }
@@ -687,16 +790,17 @@ public final class Engine: @unchecked Sendable {
     /// callback, stops the threads. `.state` from the engine's own threads.
     public func shutdown() -> FQStatus {
         guard !onOwnThread else { return .state }
-        lock.lock()
+        inbox.refuseAll()  // submits fail from here; those before are booked, then cancelled
+        lockEngine()
         if shuttingDown {
-            lock.unlock()
+            unlockEngine()
             return .state
         }
         shuttingDown = true
         shutdownStarted.store(true, ordering: .releasing)
         let unfinished = machine.liveCount
         let work = resolve(machine.cancelAll(now: monotonicNanos()).actions)
-        lock.unlock()
+        unlockEngine()
         logger.info("engine shutting down", metadata: ["unfinished": "\(unfinished)"])
         execute(work)
         _ = wait(queue: nil, timeoutMs: -1)

@@ -58,17 +58,20 @@ public enum Callback: @unchecked Sendable {
 /// pool's lock orders it) and only read afterwards; `errorMessage` is written
 /// and read on the body's own thread.
 public final class Operation: @unchecked Sendable {
-    /// Set once, under the engine's lock, before the operation is visible
-    /// to any other thread (the object is made before the lock is taken).
+    /// Set once, before the operation is visible to any other thread (at
+    /// its submit, or under the engine's lock when the scheduler books it).
     public internal(set) var id: OpID
     let queue: QueueID
     let qos: QoS
     let body: OperationBody
     let callback: Callback
-    unowned let engine: Engine
+    /// Not reference-counted: the engine outlives its operations (it frees
+    /// only after every callback returned), and counting it from every
+    /// thread made one contended cache line of the engine object.
+    unowned(unsafe) let engine: Engine
     private let cancelled = Atomic<Bool>(false)
     private let finishing = Atomic<Bool>(false)
-    var dependencies: [SchedulerStateMachine<OperationResult>.Dependency] = []
+    var dependencies: [Engine.Machine.Dependency] = []
     var errorMessage: String?
     /// The status a failing block body reports (FQ_ERR_OPERATION unless the
     /// engine's own bodies, like a search-all merge, say otherwise).
@@ -113,6 +116,12 @@ public final class Operation: @unchecked Sendable {
 
     public static func from(handle: OpaquePointer) -> Operation {
         Unmanaged<Operation>.fromOpaque(UnsafeRawPointer(handle)).takeUnretainedValue()
+    }
+
+    /// A request or search (run by a transport, not on a worker).
+    var isNetwork: Bool {
+        if case .network = body { return true }
+        return false
     }
 
     public var isCancelled: Bool { cancelled.load(ordering: .acquiring) }

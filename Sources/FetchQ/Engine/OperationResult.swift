@@ -29,6 +29,25 @@ public final class OperationResult: @unchecked Sendable {
     /// The thread (a worker or a transfer thread) that made the value and
     /// the response parts, which frees them (see ReleaseList).
     private let owner: ReleaseList?
+    /// Who gets this result and the queue it counts for: set by the engine,
+    /// under its lock, when it posts the completion (a result is posted
+    /// once), and taken by the thread that runs the callback (the delivery
+    /// queue's lock orders the two). Carried here so that a delivery item
+    /// is a single reference.
+    var callback = Callback.none
+    var queue: QueueID = 0
+
+    /// No value and no response parts: nothing big is freed with it, so
+    /// the scheduler may drop it from history under its lock.
+    var isLight: Bool { storedValue == nil && http == nil }
+
+    /// The callback, leaving none behind (a result kept in history for
+    /// dependents must not keep the callback's closure alive).
+    func takeCallback() -> Callback {
+        let callback = self.callback
+        self.callback = .none
+        return callback
+    }
 
     init(id: OpID, outcome: Outcome, status: FQStatus, message: String?, value: JSONRef?, http: HTTPInfo? = nil) {
         self.id = id

@@ -38,8 +38,8 @@ final class SharedTransfer: @unchecked Sendable {
     /// With the engine's lock held: an attached caller asked for `priority`
     /// (at submit or with `fq_set_priority`). It is remembered as a floor for
     /// the leading caller, and lifts the transfer if it is higher.
-    func lift(to priority: Priority, in machine: inout SchedulerStateMachine<OperationResult>,
-              now: UInt64) -> [SchedulerStateMachine<OperationResult>.Action] {
+    func lift(to priority: Priority, in machine: inout Engine.Machine,
+              now: UInt64) -> [Engine.Machine.Action] {
         if callersPriority.map({ priority.rawValue > $0.rawValue }) ?? true { callersPriority = priority }
         guard priority.rawValue > self.priority.rawValue else { return [] }
         self.priority = priority

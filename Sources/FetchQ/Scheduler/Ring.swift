@@ -10,6 +10,19 @@ struct Ring<Element> {
 
     mutating func append(_ element: Element) { storage.append(element) }
 
+    /// Moves every element, in order, to the end of `array` (which should
+    /// be empty: then the storage itself changes hands, nothing is copied,
+    /// and the ring keeps `array`'s old buffer).
+    mutating func takeAll(into array: inout [Element]) {
+        if head == 0 && array.isEmpty {
+            swap(&storage, &array)
+        } else {
+            array.append(contentsOf: storage[head...])
+            storage.removeAll(keepingCapacity: storage.count < 4096)
+        }
+        head = 0
+    }
+
     @discardableResult
     mutating func removeFirst() -> Element {
         let element = storage[head]

@@ -2,7 +2,9 @@
 /// what may start (queue limits, suspension, per-host limits, priorities with
 /// aging, QoS), what a cancel does, and what a completion unblocks. Every
 /// event returns the actions the runtime must carry out. `Payload` is the
-/// runtime's result object, carried along dependency edges for data passing.
+/// runtime's result object, carried along dependency edges for data passing;
+/// `Owner` is the runtime's object for a live operation, kept in its slot
+/// (so the runtime needs no table of its own from id to object).
 ///
 /// Ordering rule (documented in include/fetchq.h): within a queue the next
 /// operation is the ready one with the highest effective level, where
@@ -10,7 +12,7 @@
 /// waited since it became ready; ties go to the higher QoS, then to the
 /// earlier submission (FIFO). Across queues (which compete only for hosts)
 /// the same key decides, QoS first.
-struct SchedulerStateMachine<Payload> {
+struct SchedulerStateMachine<Payload, Owner: AnyObject> {
     struct Config {
         /// A ready operation gains a level every `agingNanos` (0 = off).
         var agingNanos: UInt64 = 1_000_000_000
@@ -24,6 +26,9 @@ struct SchedulerStateMachine<Payload> {
         var historyValues: Int = 32
         /// Token buckets per host key ("host:port", "host", or "*" for any).
         var rateLimits: [String: RateLimit] = [:]
+        /// A payload cheap to free (no value): dropped from history right
+        /// away instead of handed to the runtime through `released`.
+        var isLight: (Payload) -> Bool = { _ in false }
     }
 
     /// At most `perSecond` starts per second on average, `burst` at once.
@@ -55,8 +60,9 @@ struct SchedulerStateMachine<Payload> {
         /// of its strict (all succeeded) and collect dependencies.
         case start(OpID, dependencies: [Dependency])
         /// The scheduler ended an operation that never started (cancelled,
-        /// dependency failed, queue timeout): deliver its completion.
-        case complete(OpID, Outcome, FQStatus, EndReason)
+        /// dependency failed, queue timeout): deliver its completion. The
+        /// owner it had (the operation no longer keeps it).
+        case complete(OpID, Outcome, FQStatus, EndReason, Owner?)
         /// A running operation was cancelled: tell its body / abort its I/O.
         case cancelRunning(OpID)
     }
@@ -81,6 +87,11 @@ struct SchedulerStateMachine<Payload> {
         /// Shares another operation's transfer: never takes a slot; the
         /// runtime ends it. Takes no dependencies, barrier or host.
         var attached = false
+        /// The runtime's object, kept until the operation ends.
+        var owner: Owner? = nil
+        /// The id, when the runtime hands ids out itself (it must then
+        /// hand out every id, each once); nil: the next of the scheduler's.
+        var id: OpID? = nil
     }
 
     /// waiting: for dependencies; ready: for a slot; running: holds a slot;
@@ -140,6 +151,8 @@ struct SchedulerStateMachine<Payload> {
         var dependencyPayloads: [Dependency] = []
         /// Finished: the result kept for later dependents.
         var payload: Payload? = nil
+        /// Live: the runtime's object (nil once finished).
+        var owner: Owner? = nil
     }
 
     struct Counters {
@@ -228,6 +241,10 @@ struct SchedulerStateMachine<Payload> {
     /// Values dropped from history, to be released by the runtime after it
     /// unlocks (freeing a big parsed document must not hold the lock).
     private(set) var released: [Payload] = []
+    /// The last light payload dropped from history (see `Config.isLight`),
+    /// for the runtime to free after it unlocks (`takeDropped`) when it
+    /// cares to; an earlier one still here is freed when this replaces it.
+    private var dropped: Payload? = nil
     private var deadlines = MinHeap<OpID>()
     /// Operations in backoff, by retry time.
     private var retries = MinHeap<OpID>()
@@ -392,24 +409,11 @@ struct SchedulerStateMachine<Payload> {
             }
         }
 
-        let id = nextOpID
-        nextOpID += 1
-        nextSeq += 1
+        let id = spec.id ?? nextOpID
         let q = spec.queue
-        let s = allocate(Op(id: id, queue: q, seq: nextSeq, group: spec.group,
-                            host: spec.host.map { hostNumber($0) } ?? 0,
-                            level: Int8(spec.priority.level), qos: Int8(spec.qos.rawValue),
-                            isBarrier: spec.barrier, isInternal: spec.isInternal))
-        index.insert(id, Int32(s))
-        liveCount += 1
-        listAppend(s, queue: q)
-        if !spec.isInternal {
-            queues[q].counters.submitted += 1
-            counters.submitted += 1
-        }
-        queues[q].counters.queued += 1
-        counters.queued += 1
-        if let group = spec.group { groups[group, default: []].insert(id) }
+        let s = book(id, queue: q, group: spec.group, host: spec.host.map { hostNumber($0) } ?? 0,
+                     priority: spec.priority, qos: spec.qos, isBarrier: spec.barrier, isInternal: spec.isInternal,
+                     owner: spec.owner)
         if spec.attached {
             slots[s].state = .attached
             return .success(id)
@@ -464,6 +468,43 @@ struct SchedulerStateMachine<Payload> {
             if isEligible(q) { schedule(now: now, into: &actions) }
         }
         return .success(id)
+    }
+
+    /// `submit` for what the runtime's inbox holds: an operation with no
+    /// host, dependency, collect, barrier or attachment, and its own id.
+    /// The same booking without building a `Spec`. False (nothing booked)
+    /// for an unknown or closed queue.
+    mutating func submitPlain(id: OpID, queue q: QueueID, priority: Priority, qos: QoS, group: String?,
+                              startDeadline: UInt64?, owner: Owner, now: UInt64, into actions: inout [Action]) -> Bool {
+        guard queueExists(q), !queues[q].closed else { return false }
+        let s = book(id, queue: q, group: group, host: 0, priority: priority, qos: qos, isBarrier: false,
+                     isInternal: false, owner: owner)
+        if let startDeadline { deadlines.insert(id, key: startDeadline) }
+        if let barrier = queues[q].openBarrier, let b = liveSlot(barrier) { link(s, after: b, edge: .order) }
+        if slots[s].waitingOn == 0 { makeReady(s, now: now) }
+        if isEligible(q) { schedule(now: now, into: &actions) }
+        return true
+    }
+
+    /// Gives a new operation its slot and counts it (waiting, no edges yet).
+    private mutating func book(_ id: OpID, queue q: QueueID, group: String?, host: Int32, priority: Priority, qos: QoS,
+                               isBarrier: Bool, isInternal: Bool, owner: Owner?) -> Int {
+        nextOpID = max(nextOpID, id + 1)
+        nextSeq += 1
+        let s = allocate(Op(id: id, queue: q, seq: nextSeq, group: group, host: host,
+                            level: Int8(priority.level), qos: Int8(qos.rawValue),
+                            isBarrier: isBarrier, isInternal: isInternal, owner: owner))
+        index.insert(id, Int32(s))
+        liveCount += 1
+        listAppend(s, queue: q)
+        if !isInternal {
+            queues[q].counters.submitted += 1
+            counters.submitted += 1
+        }
+        queues[q].counters.queued += 1
+        counters.queued += 1
+        if let group { groups[group, default: []].insert(id) }
+        return s
     }
 
     private static func unknownMessage(_ dep: OpID, nextOpID: OpID, history: Int) -> String {
@@ -677,7 +718,7 @@ struct SchedulerStateMachine<Payload> {
         // not end it twice through a second failed dependency).
         slots[s].state = .finished
         slots[s].outcome = outcome
-        actions.append(.complete(slots[s].id, outcome, status, reason))
+        actions.append(.complete(slots[s].id, outcome, status, reason, slots[s].owner))
         return true
     }
 
@@ -711,6 +752,7 @@ struct SchedulerStateMachine<Payload> {
             slots[s].outcome = outcome
             slots[s].cancelledByOwn = byCancel
             slots[s].group = nil
+            slots[s].owner = nil
             if !slots[s].dependencies.isEmpty { slots[s].dependencies = [] }
             if !slots[s].dependencyPayloads.isEmpty { slots[s].dependencyPayloads = [] }
             // Internal operations (carriers) cannot be named in depends_on.
@@ -764,9 +806,18 @@ struct SchedulerStateMachine<Payload> {
         historyOrder.append(Int32(s))
         while historyOrder.count > config.history {
             let old = Int(historyOrder.removeFirst())
-            if let value = slots[old].payload { released.append(value) }
+            if let value = slots[old].payload {
+                if config.isLight(value) { dropped = value } else { released.append(value) }
+            }
             freeSlot(old)
         }
+    }
+
+    /// Hands over the light payload last dropped from history, if any.
+    mutating func takeDropped() -> Payload? {
+        guard dropped != nil else { return nil }
+        defer { dropped = nil }
+        return dropped
     }
 
     /// Hands over the values dropped from history (see `released`).
@@ -986,11 +1037,12 @@ struct SchedulerStateMachine<Payload> {
     /// cancelled itself (by its own cancel). For a shared transfer whose
     /// leading caller was cancelled while other callers still wait for it.
     /// Returns the new operation's id; nil when `id` is not running.
-    mutating func handOver(_ id: OpID, now: UInt64, into actions: inout [Action]) -> OpID? {
+    /// `newID`: as `Spec.id`.
+    mutating func handOver(_ id: OpID, newID: OpID? = nil, now: UInt64, into actions: inout [Action]) -> OpID? {
         guard let s = liveSlot(id), slots[s].state == .running else { return nil }
         let q = slots[s].queue
-        let newID = nextOpID
-        nextOpID += 1
+        let newID = newID ?? nextOpID
+        nextOpID = max(nextOpID, newID + 1)
         nextSeq += 1
         let n = allocate(Op(id: newID, queue: q, seq: nextSeq, group: nil, host: slots[s].host, level: slots[s].level,
                             qos: slots[s].qos, isBarrier: false, isInternal: true))
@@ -1023,6 +1075,12 @@ struct SchedulerStateMachine<Payload> {
     // MARK: - Queries
 
     func isLive(_ id: OpID) -> Bool { liveSlot(id) != nil }
+    /// The runtime's object of a live operation.
+    func owner(of id: OpID) -> Owner? { liveSlot(id).flatMap { slots[$0].owner } }
+    /// Sets (or with nil, drops) a live operation's object.
+    mutating func setOwner(_ owner: Owner?, of id: OpID) {
+        if let s = liveSlot(id) { slots[s].owner = owner }
+    }
     func state(of id: OpID) -> OpState? { liveSlot(id).map { slots[$0].state } }
     func group(of id: OpID) -> String? { liveSlot(id).flatMap { slots[$0].group } }
     func finishedOutcome(of id: OpID) -> Outcome? { finishedSlot(id).map { slots[$0].outcome } }
