@@ -8,7 +8,7 @@ import Testing
 
     /// Ids started by these actions, in order.
     func started(_ actions: [Machine.Action]) -> [OpID] {
-        actions.compactMap { if case .start(let id, _) = $0 { return id } else { return nil } }
+        actions.compactMap { if case .start(let id, _, _) = $0 { return id } else { return nil } }
     }
 
     func completed(_ actions: [Machine.Action]) -> [(OpID, Outcome, FQStatus, String)] {
@@ -146,7 +146,7 @@ import Testing
         #expect(started(s2).isEmpty)
         #expect(m.state(of: b) == .waiting)
         let actions = m.finished(a, .succeeded, payload: "A's value", now: 0)
-        guard case .start(let id, let deps) = actions.first else {
+        guard case .start(let id, let deps, _) = actions.first else {
             Issue.record("expected a start, got \(actions)")
             return
         }
@@ -195,7 +195,7 @@ import Testing
         _ = m.finished(a, .succeeded, payload: "a", now: 0)
         _ = m.finished(b, .failed, payload: "b failed", now: 0)
         let last = m.finished(c, .cancelled, payload: nil, now: 0)
-        guard case .start(parent, let deps) = last.first else {
+        guard case .start(parent, let deps, _) = last.first else {
             Issue.record("parent should start after all children, got \(last)")
             return
         }
@@ -205,7 +205,7 @@ import Testing
         // Collecting operations that already ended: their outcomes, at once.
         spec.collects = [a, b]
         let (late, actions) = try! m.submit(spec, now: 0).get()
-        guard case .start(late, let lateDeps) = actions.first else {
+        guard case .start(late, let lateDeps, _) = actions.first else {
             Issue.record("expected the collector to start at once, got \(actions)")
             return
         }
@@ -309,7 +309,7 @@ import Testing
         let (a, _) = submit(&m, q)
         _ = m.finished(a, .succeeded, payload: "va", now: 0)
         let (b, actions) = submit(&m, q, deps: [a])
-        guard case .start(b, let deps) = actions.first else {
+        guard case .start(b, let deps, _) = actions.first else {
             Issue.record("expected b to start, got \(actions)")
             return
         }
@@ -552,7 +552,7 @@ import Testing
         func absorb(_ actions: [Machine.Action]) {
             for a in actions {
                 switch a {
-                case .start(let id, _): running.insert(id)
+                case .start(let id, _, _): running.insert(id)
                 case .complete(let id, _, _, _, _): ends[id, default: 0] += 1
                 case .cancelRunning: break
                 }

@@ -327,8 +327,8 @@ public final class Engine: @unchecked Sendable {
             let action = actions[next]
             next += 1
             switch action {
-            case .start(let id, let dependencies):
-                guard let op = machine.owner(of: id) else { continue }
+            case .start(let id, let dependencies, let owner):
+                guard let op = owner else { continue }
                 if !dependencies.isEmpty { op.dependencies = dependencies }
                 for (i, dep) in dependencies.enumerated() where dep.payload == nil && dep.outcome == .succeeded {
                     // A network dependency whose result left history
@@ -647,8 +647,7 @@ public final class Engine: @unchecked Sendable {
         // carrier that took the transfer over ends instead (the leader has
         // ended already).
         let op = op.handedTo ?? op
-        let state = machine.state(of: op.id)
-        guard state == .running || state == .attached else {
+        guard let slot = machine.runningSlot(op.id) else {
             unlockEngine()
             return nil
         }
@@ -667,7 +666,7 @@ public final class Engine: @unchecked Sendable {
         // The lock's own scratch array: no allocation per end.
         var actions: [Machine.Action] = []
         swap(&actions, &actionScratch)
-        machine.finished(op.id, result.outcome, payload: result, now: monotonicNanos(), into: &actions)
+        machine.finished(slot: slot, result.outcome, payload: result, now: monotonicNanos(), into: &actions)
         var work: [Work] = []
         // Posted under the lock, before what this end unblocks: a child's
         // event, then this callback, then the dependents'.

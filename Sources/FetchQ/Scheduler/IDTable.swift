@@ -11,18 +11,22 @@
 /// backward-shift deletion had to walk to its end (a 100 000-op failure
 /// chain took minutes); here a deletion stops at the first key that is home.
 struct IDTable<Value> {
-    /// 0 marks an empty bucket (ids are > 0).
-    private var keys: [OpID]
-    private var values: [Value?]
+    /// A key and its value side by side: a probe reads one cache line.
+    /// Key 0 marks an empty bucket (ids are > 0).
+    private struct Bucket {
+        var key: OpID = 0
+        var value: Value? = nil
+    }
+
+    private var buckets: [Bucket]
     private(set) var count = 0
 
     init() {
-        keys = [OpID](repeating: 0, count: 16)
-        values = [Value?](repeating: nil, count: 16)
+        buckets = [Bucket](repeating: Bucket(), count: 16)
     }
 
     var isEmpty: Bool { count == 0 }
-    private var mask: Int { keys.count - 1 }
+    private var mask: Int { buckets.count - 1 }
 
     @inline(__always)
     private func home(_ key: OpID) -> Int {
@@ -41,7 +45,7 @@ struct IDTable<Value> {
         var i = home(key)
         var d = 0
         while true {
-            let k = keys[i]
+            let k = buckets[i].key
             if k == key { return i }
             // Robin Hood invariant: `key` would have displaced a key closer
             // to its home than `d`.
@@ -52,7 +56,7 @@ struct IDTable<Value> {
     }
 
     subscript(key: OpID) -> Value? {
-        get { find(key).flatMap { values[$0] } }
+        get { find(key).flatMap { buckets[$0].value } }
         set {
             if let newValue { insert(key, newValue) } else { removeValue(forKey: key) }
         }
@@ -62,28 +66,24 @@ struct IDTable<Value> {
     mutating func insert(_ key: OpID, _ value: Value) {
         precondition(key > 0, "IDTable keys are > 0")
         if let i = find(key) {
-            values[i] = value
+            buckets[i].value = value
             return
         }
-        if (count + 1) * 10 > keys.count * 7 { grow() }
-        var carriedKey = key
-        var carriedValue: Value? = value
+        if (count + 1) * 10 > buckets.count * 7 { grow() }
+        var carried = Bucket(key: key, value: value)
         var i = home(key)
         var d = 0
         while true {
-            let k = keys[i]
+            let k = buckets[i].key
             if k == 0 {
-                keys[i] = carriedKey
-                values[i] = carriedValue
+                buckets[i] = carried
                 count += 1
                 return
             }
             let dk = distance(i, k)
             if dk < d {
                 // Take the bucket from a key nearer its home; carry that one on.
-                keys[i] = carriedKey
-                carriedKey = k
-                swap(&carriedValue, &values[i])
+                swap(&carried, &buckets[i])
                 d = dk
             }
             i = (i + 1) & mask
@@ -94,35 +94,32 @@ struct IDTable<Value> {
     @discardableResult
     mutating func removeValue(forKey key: OpID) -> Value? {
         guard var hole = find(key) else { return nil }
-        let removed = values[hole].take()
+        let removed = buckets[hole].value.take()
         count -= 1
         // Backward shift until an empty bucket or a key in its home bucket.
         while true {
             let next = (hole + 1) & mask
-            let k = keys[next]
+            let k = buckets[next].key
             if k == 0 || distance(next, k) == 0 { break }
-            keys[hole] = k
-            values[hole] = values[next].take()
+            buckets[hole].key = k
+            buckets[hole].value = buckets[next].value.take()
             hole = next
         }
-        keys[hole] = 0
+        buckets[hole].key = 0
         return removed
     }
 
     private mutating func grow() {
-        let oldKeys = keys
-        var oldValues = values
-        let capacity = keys.count * 2
-        keys = [OpID](repeating: 0, count: capacity)
-        values = [Value?](repeating: nil, count: capacity)
+        var old = [Bucket](repeating: Bucket(), count: buckets.count * 2)
+        swap(&old, &buckets)
         count = 0
-        for i in oldKeys.indices where oldKeys[i] != 0 {
-            insert(oldKeys[i], oldValues[i].take()!)
+        for i in old.indices where old[i].key != 0 {
+            insert(old[i].key, old[i].value.take()!)
         }
     }
 
     /// Every key, in no particular order.
-    var allKeys: [OpID] { keys.filter { $0 != 0 } }
+    var allKeys: [OpID] { buckets.compactMap { $0.key != 0 ? $0.key : nil } }
 }
 
 /// Counts by queue id (ids are small and dense), 0 for a queue never counted.

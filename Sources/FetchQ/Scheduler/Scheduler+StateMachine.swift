@@ -57,8 +57,8 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
     /// What the runtime must do after an event.
     enum Action {
         /// Start the operation; `dependencies` are the outcomes and payloads
-        /// of its strict (all succeeded) and collect dependencies.
-        case start(OpID, dependencies: [Dependency])
+        /// of its strict (all succeeded) and collect dependencies; its owner.
+        case start(OpID, dependencies: [Dependency], owner: Owner?)
         /// The scheduler ended an operation that never started (cancelled,
         /// dependency failed, queue timeout): deliver its completion. The
         /// owner it had (the operation no longer keeps it).
@@ -182,9 +182,20 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         static func slot(level: Int, qos: Int) -> Int { level * 5 + qos }
     }
 
-    /// A ready-FIFO entry: the slot, and the id to notice a reused slot.
+    /// A history entry: the slot, and the id to notice a reused slot.
     struct Entry {
         var id: OpID
+        var slot: Int32
+    }
+
+    /// A ready-FIFO entry: the slot and the id (to notice a stale entry),
+    /// and what ordering needs, so that comparing the heads of a lane's
+    /// FIFOs does not read their operations (with a large backlog each
+    /// such read was a cache miss).
+    struct ReadyEntry {
+        var id: OpID
+        var seq: UInt64
+        var readySince: UInt64
         var slot: Int32
     }
 
@@ -230,7 +241,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
     private(set) var queues: [Queue] = [Queue(name: "", maxConcurrent: 0, removed: true)]
     private(set) var counters = Counters()
     private var lanes: [Lane] = []
-    private var rings: [Ring<Entry>] = []
+    private var rings: [Ring<ReadyEntry>] = []
     private var hosts: [Host] = [Host(name: "")]
     private var hostIndex: [String: Int32] = [:]
     private var groups: [String: Set<OpID>] = [:]
@@ -680,9 +691,21 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
 
     mutating func finished(_ id: OpID, _ outcome: Outcome, payload: Payload?, now: UInt64,
                            into actions: inout [Action]) {
-        guard let s = liveSlot(id) else { return }
+        guard let s = runningSlot(id) else { return }
+        finished(slot: s, outcome, payload: payload, now: now, into: &actions)
+    }
+
+    /// Where a running or attached operation is, for `finished(slot:)`
+    /// (valid until the scheduler next changes): nil when it is not.
+    func runningSlot(_ id: OpID) -> Int? {
+        guard let s = liveSlot(id), slots[s].state == .running || slots[s].state == .attached else { return nil }
+        return s
+    }
+
+    /// `finished` for the operation `runningSlot` found (one lookup).
+    mutating func finished(slot s: Int, _ outcome: Outcome, payload: Payload?, now: UInt64,
+                           into actions: inout [Action]) {
         let state = slots[s].state
-        guard state == .running || state == .attached else { return }
         let q = slots[s].queue
         if state == .attached {
             queues[q].counters.queued -= 1
@@ -846,13 +869,14 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         var lane = Int(queues[q].laneByHost[host])
         if lane < 0 {
             lanes.append(Lane(queue: q, host: Int32(host)))
-            rings += [Ring<Entry>](repeating: Ring(), count: 25)
+            rings += [Ring<ReadyEntry>](repeating: Ring(), count: 25)
             lane = lanes.count - 1
             queues[q].laneByHost[host] = Int32(lane)
             queues[q].lanes.append(Int32(lane))
         }
         let slot = Lane.slot(level: Int(slots[s].level), qos: Int(slots[s].qos))
-        rings[lane * 25 + slot].append(Entry(id: slots[s].id, slot: Int32(s)))
+        rings[lane * 25 + slot].append(ReadyEntry(id: slots[s].id, seq: slots[s].seq, readySince: slots[s].readySince,
+                                                  slot: Int32(s)))
         lanes[lane].mask |= 1 << UInt32(slot)
     }
 
@@ -863,6 +887,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
 
     private struct Candidate {
         var slot: Int
+        var id: OpID
         var queue: QueueID
         /// rings[] index of its FIFO.
         var ring: Int
@@ -910,40 +935,43 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
     }
 
     /// The best ready operation of a queue whose host has capacity.
-    /// Drops stale FIFO entries it meets at the heads.
+    /// Compares the FIFO heads by their entries alone, then checks that the
+    /// winner is still ready at that level (a cancel or a new priority
+    /// leaves a stale entry behind): a stale winner is dropped and the
+    /// choice made again.
     private mutating func bestCandidate(in q: QueueID, now: UInt64) -> Candidate? {
-        var best: Candidate? = nil
-        let laneCount = queues[q].lanes.count
-        for i in 0..<laneCount {
-            let lane = Int(queues[q].lanes[i])
-            guard lanes[lane].mask != 0, hasCapacity(Int(lanes[lane].host), now: now) else { continue }
-            var bits = lanes[lane].mask
-            while bits != 0 {
-                let slot = 31 - bits.leadingZeroBitCount  // highest (level, QoS) first
-                bits &= ~(1 << UInt32(slot))
-                let r = lane * 25 + slot
-                let level = Int8(slot / 5)
-                var head: Int? = nil
-                while let entry = rings[r].first {
-                    let s = Int(entry.slot)
-                    if slots[s].id == entry.id && slots[s].state == .ready && slots[s].level == level {
-                        head = s
-                        break
+        while true {
+            var best: Candidate? = nil
+            let laneCount = queues[q].lanes.count
+            for i in 0..<laneCount {
+                let lane = Int(queues[q].lanes[i])
+                guard lanes[lane].mask != 0, hasCapacity(Int(lanes[lane].host), now: now) else { continue }
+                var bits = lanes[lane].mask
+                while bits != 0 {
+                    let slot = 31 - bits.leadingZeroBitCount  // highest (level, QoS) first
+                    bits &= ~(1 << UInt32(slot))
+                    let r = lane * 25 + slot
+                    guard let entry = rings[r].first else {
+                        lanes[lane].mask &= ~(1 << UInt32(slot))
+                        continue
                     }
-                    rings[r].removeFirst()
+                    let since = entry.readySince
+                    let boost = config.agingNanos == 0 || now <= since ? 0 : (now - since) / config.agingNanos
+                    let candidate = Candidate(slot: Int(entry.slot), id: entry.id, queue: q, ring: r, lane: lane,
+                                              effective: UInt64(slot / 5) &+ boost, qos: slot % 5, seq: entry.seq)
+                    if best == nil || candidate.beatsInQueue(best!) { best = candidate }
                 }
-                guard let s = head else {
-                    lanes[lane].mask &= ~(1 << UInt32(slot))
-                    continue
-                }
-                let since = slots[s].readySince
-                let boost = config.agingNanos == 0 || now <= since ? 0 : (now - since) / config.agingNanos
-                let candidate = Candidate(slot: s, queue: q, ring: r, lane: lane,
-                                          effective: UInt64(level) &+ boost, qos: Int(slots[s].qos), seq: slots[s].seq)
-                if best == nil || candidate.beatsInQueue(best!) { best = candidate }
+            }
+            guard let chosen = best else { return nil }
+            let s = chosen.slot
+            if slots[s].id == chosen.id && slots[s].state == .ready && Int(slots[s].level) == chosen.ring % 25 / 5 {
+                return chosen
+            }
+            rings[chosen.ring].removeFirst()  // stale
+            if rings[chosen.ring].isEmpty {
+                lanes[chosen.lane].mask &= ~(1 << UInt32(chosen.ring - chosen.lane * 25))
             }
         }
-        return best
     }
 
     /// Whether a queue may start something (it has ready operations and a
@@ -984,7 +1012,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
                 hosts[host].running += 1
                 if hosts[host].bucket != nil { hosts[host].bucket!.tokens -= 1 }
             }
-            actions.append(.start(slots[s].id, dependencies: payloads))
+            actions.append(.start(slots[s].id, dependencies: payloads, owner: slots[s].owner))
         }
     }
 
