@@ -170,7 +170,11 @@ typedef void (*fq_async_fn)(fq_op *op, void *userdata);
  *                   and in completion order, but run on several threads, and
  *                   a slow callback holds up that thread: a worker, or a
  *                   transfer thread and its other transfers. Callbacks never
- *                   run on the application's own threads in this mode either
+ *                   run on the application's own threads in this mode either.
+ *                   In both modes, while operations keep ending, the delivery
+ *                   thread is not woken for each callback: between batches it looks again
+ *                   every 0.1 ms, so a callback may start up to about 0.1 ms
+ *                   after its operation ended
  *   "workers"       worker threads for block/async bodies and for parsing
  *                   responses larger than 64 KiB, 1..256 (default: number of
  *                   CPUs, at least 2)
