@@ -231,19 +231,33 @@ public final class Engine: @unchecked Sendable {
         if let entries = inbox.claim() { admit(entries) }
     }
 
+    /// How many submits from the inbox a thread books, at most, on its way
+    /// out of the engine lock before it hands the rest to a worker job (so
+    /// that a steady stream of submits cannot keep it there).
+    static let inboxBudget = 4096
+
     /// Books the submits that came meanwhile, lets the lock go, then
     /// starts what booking them started.
     @inline(__always)
     func unlockEngine() {
-        while let entries = inbox.release() { admit(entries) }
-        guard !inboxWork.isEmpty else {
-            lock.unlock()
-            return
+        var budget = Self.inboxBudget
+        var handOver = false
+        loop: while true {
+            switch inbox.release(stop: budget <= 0) {
+            case .book(let entries):
+                admit(entries)
+                budget -= entries.count
+            case .done: break loop
+            case .handOver:
+                handOver = true
+                break loop
+            }
         }
         var work: [Work] = []
         swap(&work, &inboxWork)
         lock.unlock()
-        execute(work)
+        if !work.isEmpty { execute(work) }
+        if handOver { workers.submit(qos: .default) { [self] in bookInbox() } }
     }
 
     /// With the lock held: books submits from the inbox, in order. One the
@@ -760,7 +774,7 @@ public final class Engine: @unchecked Sendable {
 
     /// Books the submits waiting in the inbox (a wait counts only booked
     /// operations: those whose submit returned before it are).
-    private func bookInbox() {
+    func bookInbox() {
         lockEngine()
         unlockEngine()
     }

@@ -6,19 +6,33 @@ import Glibc
 /// thread sleeping on that lock).
 ///
 /// The protocol, with `held` guarded by this inbox's own small lock:
-/// - The engine lock's holder sets `held` when it takes the lock
-///   (`claim`) and, before it lets the lock go, books whatever is waiting
-///   here until it finds nothing, and only then clears `held` (`release`).
-/// - A submit appends here. If `held` was set, the holder will find its
-///   entry before it lets the lock go: the submit returns at once. If not,
-///   the submit takes the engine lock itself, which books its entry.
+/// - The engine lock's holder sets `held` when it takes the lock and takes
+///   what waits here (`claim`). Before it lets the lock go it takes what
+///   came meanwhile and books it, again while more comes (`release`), and
+///   clears `held` when it finds nothing, in the same step.
+/// - A submit appends here. If `held` was set, the holder (or the one it
+///   handed over to, below) will take its entry: the submit returns at
+///   once. If not, the submit takes the engine lock itself, which books its
+///   entry.
+/// - A holder books a bounded number of entries on its way out. If more
+///   keep coming (submits faster than booking), it lets the lock go with
+///   `held` still set and hands the rest to a worker job that takes the
+///   lock and goes on the same way (`release` says `.handOver`). So a
+///   cancel, a wait or an operation's end never books for others for long,
+///   and a submit never waits for the lock while someone is booking.
+/// - The inbox is not bounded: a thread that submits faster than the
+///   engine books runs ahead of it, as far as it likes (the operations exist
+///   either way; booked, they would wait in the queue). A bound that made
+///   such a submit wait, or book for itself, was measured: with priorities
+///   the submitting thread then fought the workers for the engine lock and
+///   P1 fell to a third (bench/findings.md, Ninth round).
 ///
-/// So every entry is booked by the thread holding the engine lock, in the
-/// order the entries came, before that lock is next free; and whoever
-/// takes the engine lock to look at the scheduler (a cancel, a wait, the
-/// stats) sees every operation whose submit returned before.
+/// So every entry is booked, in the order the entries came, by a thread
+/// holding the engine lock; whoever takes that lock to look at the
+/// scheduler (a cancel, a wait, the stats) takes what waits first, so it
+/// sees every operation whose submit returned before.
 ///
-/// `@unchecked Sendable`: everything is guarded by `mutex`.
+/// `@unchecked Sendable`: everything is guarded by `lock`.
 final class SubmitInbox: @unchecked Sendable {
     /// A block or async operation (its queue, QoS and id are in `op`).
     struct Entry {
@@ -37,7 +51,7 @@ final class SubmitInbox: @unchecked Sendable {
         case refused(FetchQError)
     }
 
-    private let mutex: UnsafeMutablePointer<pthread_mutex_t>
+    private let lock = ConditionLock()
     private var entries: [Entry] = []
     private var held = false
     /// Set once the engine begins shutting down: submits fail from then on.
@@ -45,19 +59,9 @@ final class SubmitInbox: @unchecked Sendable {
     /// By QueueID: the queue was closed (fq_queue_free); its submits fail.
     private var closed: [Bool] = []
 
-    init() {
-        mutex = .allocate(capacity: 1)
-        pthread_mutex_init(mutex, nil)
-    }
-
-    deinit {
-        pthread_mutex_destroy(mutex)
-        mutex.deallocate()
-    }
-
     func push(_ entry: Entry) -> Push {
-        pthread_mutex_lock(mutex)
-        defer { pthread_mutex_unlock(mutex) }
+        lock.lock()
+        defer { lock.unlock() }
         if shuttingDown { return .refused(FetchQError(.shutdown, "the engine is being freed")) }
         let queue = entry.op.queue
         if queue < closed.count && closed[queue] {
@@ -69,20 +73,33 @@ final class SubmitInbox: @unchecked Sendable {
 
     /// The engine lock was just taken: what waits, if anything.
     func claim() -> [Entry]? {
-        pthread_mutex_lock(mutex)
-        defer { pthread_mutex_unlock(mutex) }
+        lock.lock()
+        defer { lock.unlock() }
         held = true
         return takeEntries()
     }
 
-    /// The engine lock is about to be let go: what waits (book it and call
-    /// again), or nil, and then nobody books entries until the next `claim`.
-    func release() -> [Entry]? {
-        pthread_mutex_lock(mutex)
-        defer { pthread_mutex_unlock(mutex) }
-        if let taken = takeEntries() { return taken }
-        held = false
-        return nil
+    enum Release {
+        /// Book these, then call `release` again.
+        case book([Entry])
+        /// Nothing waits: `held` is cleared, the lock may go.
+        case done
+        /// Entries wait but the caller booked its share (`stop`): the lock
+        /// may go, `held` stays set, and the caller must start a job that
+        /// takes the lock to book them.
+        case handOver
+    }
+
+    /// The engine lock is about to be let go (see the protocol above).
+    func release(stop: Bool) -> Release {
+        lock.lock()
+        defer { lock.unlock() }
+        if entries.isEmpty {
+            held = false
+            return .done
+        }
+        if stop { return .handOver }
+        return .book(takeEntries()!)
     }
 
     private func takeEntries() -> [Entry]? {
@@ -96,16 +113,16 @@ final class SubmitInbox: @unchecked Sendable {
     /// Submits fail from now on (call before taking the engine lock to
     /// shut down: what is already here is booked, then cancelled).
     func refuseAll() {
-        pthread_mutex_lock(mutex)
+        lock.lock()
         shuttingDown = true
-        pthread_mutex_unlock(mutex)
+        lock.unlock()
     }
 
     /// Submits to `queue` fail from now on.
     func closeQueue(_ queue: QueueID) {
-        pthread_mutex_lock(mutex)
+        lock.lock()
         if queue >= closed.count { closed += [Bool](repeating: false, count: queue + 1 - closed.count) }
         closed[queue] = true
-        pthread_mutex_unlock(mutex)
+        lock.unlock()
     }
 }
