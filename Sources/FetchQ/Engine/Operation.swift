@@ -79,26 +79,58 @@ public final class Operation: @unchecked Sendable {
     /// A search-all's parent and children share one family.
     var family: SearchAllFamily?
     let submittedAt: UInt64
+    /// What only a request or search has (nil for block and async
+    /// operations, which then carry about 80 bytes less: P5, and P1's
+    /// memory traffic).
+    private let net: NetworkState?
+
     /// Network operations: when the transfer started, and its id (both
     /// guarded by the engine's lock).
-    var startedAt: UInt64 = 0
-    var transfer: TransferID? = nil
+    var startedAt: UInt64 {
+        get { net?.startedAt ?? 0 }
+        set { net?.startedAt = newValue }
+    }
+    var transfer: TransferID? {
+        get { net?.transfer }
+        set { net?.transfer = newValue }
+    }
     /// The transport running `transfer` (guarded by the engine's lock).
-    var transport: CurlTransport? = nil
+    var transport: CurlTransport? {
+        get { net?.transport }
+        set { net?.transport = newValue }
+    }
     /// Attempts made so far (retries), guarded by the engine's lock.
-    var attempts = 0
+    var attempts: Int {
+        get { net?.attempts ?? 0 }
+        set { net?.attempts = newValue }
+    }
     /// The last progress reported (received, expected), guarded by the engine's lock.
-    var lastProgress: (UInt64, UInt64) = (0, 0)
+    var lastProgress: (UInt64, UInt64) {
+        get { net?.lastProgress ?? (0, 0) }
+        set { net?.lastProgress = newValue }
+    }
     /// A coalesced caller: the transfer it shares (guarded by the engine's lock).
-    var shared: SharedTransfer?
+    var shared: SharedTransfer? {
+        get { net?.shared }
+        set { net?.shared = newValue }
+    }
     /// A carrier: the engine-internal operation running a shared transfer.
-    var carries: SharedTransfer?
+    var carries: SharedTransfer? {
+        get { net?.carries }
+        set { net?.carries = newValue }
+    }
     /// The first caller of a shared transfer, which runs it (guarded by the
     /// engine's lock; cleared when it hands the transfer on or ends).
-    var leads: SharedTransfer?
+    var leads: SharedTransfer? {
+        get { net?.leads }
+        set { net?.leads = newValue }
+    }
     /// A leading caller cancelled while its transfer ran for other callers:
     /// the carrier that took the transfer over (guarded by the engine's lock).
-    var handedTo: Operation?
+    var handedTo: Operation? {
+        get { net?.handedTo }
+        set { net?.handedTo = newValue }
+    }
 
     init(id: OpID, queue: QueueID, qos: QoS, body: OperationBody, callback: Callback, engine: Engine,
          submittedAt: UInt64 = monotonicNanos()) {
@@ -109,6 +141,7 @@ public final class Operation: @unchecked Sendable {
         self.body = body
         self.callback = callback
         self.engine = engine
+        if case .network = body { net = NetworkState() } else { net = nil }
     }
 
     /// The handle C code sees. Valid while the engine holds the operation.
@@ -165,4 +198,18 @@ public final class Operation: @unchecked Sendable {
     public func dependency(_ dep: OpID) -> OperationResult? {
         dependencies.first(where: { $0.id == dep })?.payload
     }
+}
+
+/// The fields of `Operation` that only a request or search uses (see
+/// there; guarded by the engine's lock).
+final class NetworkState {
+    var startedAt: UInt64 = 0
+    var transfer: TransferID? = nil
+    var transport: CurlTransport? = nil
+    var attempts = 0
+    var lastProgress: (UInt64, UInt64) = (0, 0)
+    var shared: SharedTransfer?
+    var carries: SharedTransfer?
+    var leads: SharedTransfer?
+    var handedTo: Operation?
 }
