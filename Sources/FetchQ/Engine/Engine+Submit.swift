@@ -64,7 +64,7 @@ extension Engine {
         let id = newID()
         let op = Operation(id: id, queue: queue, qos: common.qos, body: body, callback: callback, engine: self,
                            submittedAt: now)
-        let deadline = common.maxWaitMs > 0 ? now + UInt64(common.maxWaitMs) * 1_000_000 : nil
+        let deadline = common.startDeadline(now: now)
         switch inbox.push(.init(op: op, priority: common.priority, group: common.group, startDeadline: deadline)) {
         case .queued: break
         case .mustLock:
@@ -131,16 +131,6 @@ extension Engine {
         let family = SearchAllFamily(template: template, failFast: failFast, childEvents: childEvents)
 
         let now = monotonicNanos()
-        func spec(host: String?) -> Machine.Spec {
-            var s = Machine.Spec(queue: queue.id)
-            s.priority = common.priority
-            s.qos = common.qos
-            s.group = common.group
-            s.host = host
-            s.dependsOn = common.dependsOn
-            if common.maxWaitMs > 0 { s.startDeadline = now + UInt64(common.maxWaitMs) * 1_000_000 }
-            return s
-        }
         lockEngine()
         guard !shuttingDown else {
             unlockEngine()
@@ -150,8 +140,7 @@ extension Engine {
         for (q, job) in zip(unique, jobs) {
             let child = Operation(id: 0, queue: queue.id, qos: common.qos, body: .network(job), callback: .none, engine: self)
             child.family = family
-            var childSpec = spec(host: job.host)
-            childSpec.owner = child
+            var childSpec = Self.spec(queue: queue.id, common: common, host: job.host, owner: child, now: now)
             childSpec.id = newID()
             switch machine.submit(childSpec, now: now) {
             case .success(let (id, more)):
@@ -170,10 +159,9 @@ extension Engine {
         let parent = Operation(id: 0, queue: queue.id, qos: common.qos,
                                body: .block { op in family.merge(op) }, callback: callback, engine: self)
         parent.family = family
-        var parentSpec = spec(host: nil)
+        var parentSpec = Self.spec(queue: queue.id, common: common, host: nil, owner: parent, now: now)
         parentSpec.startDeadline = nil
         parentSpec.collects = family.children
-        parentSpec.owner = parent
         parentSpec.id = newID()
         let parentSubmit = machine.submit(parentSpec, now: now)
         guard case .success(let (parentID, more)) = parentSubmit else {
@@ -260,7 +248,7 @@ extension Engine {
         spec.host = host
         if !common.dependsOn.isEmpty { spec.dependsOn = common.dependsOn }
         spec.barrier = common.barrier
-        if common.maxWaitMs > 0 { spec.startDeadline = now + UInt64(common.maxWaitMs) * 1_000_000 }
+        spec.startDeadline = common.startDeadline(now: now)
         spec.owner = owner
         return spec
     }
@@ -389,6 +377,11 @@ struct CommonOptions {
 
     /// Made once (building it per submit was an allocation per operation).
     static let qosNames = QoS.allCases.reversed().map(\.name)
+
+    /// When an operation submitted at `now` must have started (max_wait_ms).
+    func startDeadline(now: UInt64) -> UInt64? {
+        maxWaitMs > 0 ? now + UInt64(maxWaitMs) * 1_000_000 : nil
+    }
 
     /// The defaults (a submit with no options object).
     init(defaultMaxWaitMs: Int) {

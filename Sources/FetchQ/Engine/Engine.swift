@@ -83,8 +83,8 @@ public final class Engine: @unchecked Sendable {
             rateLimits: config.rateLimits.mapValues { .init(perSecond: $0.perSecond, burst: $0.burst) },
             isLight: { $0.isLight }))
         let owner = selfPointer
-        delivery = try Delivery(mode: config.delivery, owner: owner) { [unowned self] item in
-            delivered(item)
+        delivery = try Delivery(mode: config.delivery, owner: owner) { [outstanding] queues in
+            outstanding.done(queues)  // without the engine lock
         }
         workers = WorkerPool(count: config.workers, owner: owner)
         timer = DeadlineTimer { [unowned self] in expireDeadlines() }
@@ -729,11 +729,6 @@ public final class Engine: @unchecked Sendable {
                                                                 status: result.status, message: result.message,
                                                                 value: nil))
         }
-    }
-
-    /// After a batch of callbacks returned (without the engine lock).
-    func delivered(_ queues: [QueueID]) {
-        outstanding.done(queues)
     }
 
     static func waitedTooLong(_ id: OpID) -> String { "operation \(id) waited in its queue longer than its max_wait_ms" }

@@ -37,16 +37,19 @@ final class Outstanding: @unchecked Sendable {
 
     /// How many of `queue`'s (nil: of all queues) await their callbacks.
     func count(_ queue: QueueID?) -> Int {
-        lock.withLock { queue.map { counts[$0] } ?? total }
+        lock.withLock { pending(queue) }
     }
+
+    /// `count` with the lock held.
+    private func pending(_ queue: QueueID?) -> Int { queue.map { counts[$0] } ?? total }
 
     /// Waits until `count(queue)` is 0; false when `until` (monotonic
     /// nanoseconds; nil: no limit) passed first.
     func waitForZero(_ queue: QueueID?, until: UInt64?) -> Bool {
         lock.lock()
         defer { lock.unlock() }
-        while (queue.map { counts[$0] } ?? total) > 0 {
-            if !lock.wait(until: until) && (queue.map { counts[$0] } ?? total) > 0 { return false }
+        while pending(queue) > 0 {
+            if !lock.wait(until: until) && pending(queue) > 0 { return false }
         }
         return true
     }
