@@ -71,17 +71,20 @@ final class SubmitInbox: @unchecked Sendable {
         return held ? .queued : .mustLock
     }
 
-    /// The engine lock was just taken: what waits, if anything.
-    func claim() -> [Entry]? {
+    /// The engine lock was just taken: what waits, if anything, is swapped
+    /// into `buffer` (which must be empty; its storage becomes the inbox's, so
+    /// that a steady stream of submits reuses two arrays instead of making
+    /// one per hold of the lock). False if nothing waits.
+    func claim(into buffer: inout [Entry]) -> Bool {
         lock.lock()
         defer { lock.unlock() }
         held = true
-        return takeEntries()
+        return takeEntries(into: &buffer)
     }
 
     enum Release {
-        /// Book these, then call `release` again.
-        case book([Entry])
+        /// Book what was swapped into the buffer, then call `release` again.
+        case book
         /// Nothing waits: `held` is cleared, the lock may go.
         case done
         /// Entries wait but the caller booked its share (`stop`): the lock
@@ -91,7 +94,8 @@ final class SubmitInbox: @unchecked Sendable {
     }
 
     /// The engine lock is about to be let go (see the protocol above).
-    func release(stop: Bool) -> Release {
+    /// `buffer` as in `claim`.
+    func release(stop: Bool, into buffer: inout [Entry]) -> Release {
         lock.lock()
         defer { lock.unlock() }
         if entries.isEmpty {
@@ -99,15 +103,15 @@ final class SubmitInbox: @unchecked Sendable {
             return .done
         }
         if stop { return .handOver }
-        return .book(takeEntries()!)
+        _ = takeEntries(into: &buffer)
+        return .book
     }
 
-    private func takeEntries() -> [Entry]? {
-        guard !entries.isEmpty else { return nil }
-        var taken: [Entry] = []
-        taken.reserveCapacity(entries.count)
-        swap(&taken, &entries)
-        return taken
+    private func takeEntries(into buffer: inout [Entry]) -> Bool {
+        guard !entries.isEmpty else { return false }
+        precondition(buffer.isEmpty, "SubmitInbox: the buffer still holds entries")
+        swap(&buffer, &entries)
+        return true
     }
 
     /// Submits fail from now on (call before taking the engine lock to
