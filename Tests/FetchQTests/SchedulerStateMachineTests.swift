@@ -542,6 +542,33 @@ import Testing
         #expect(e.status == .invalid)
     }
 
+    /// An inbox entry booked after its queue closed (its submit had returned
+    /// an id): refused here, ended cancelled by the runtime, and counted as
+    /// submitted and cancelled, so that the engine's stats add up.
+    @Test func aPlainSubmitBookedAfterItsQueueClosedCountsAsCancelled() {
+        final class Owner {}
+        var m = Machine()
+        let q = m.addQueue(name: "q", maxConcurrent: 1)
+        let other = m.addQueue(name: "other", maxConcurrent: 1)
+        var actions: [Machine.Action] = []
+        #expect(m.submitPlain(id: 1, queue: q, priority: .normal, qos: .default, group: nil, startDeadline: nil,
+                              owner: Owner(), now: 0, into: &actions))
+        #expect(started(actions) == [1])
+        _ = m.closeQueue(q, now: 0)  // 1 runs on
+        actions = []
+        #expect(!m.submitPlain(id: 2, queue: q, priority: .normal, qos: .default, group: nil, startDeadline: nil,
+                               owner: Owner(), now: 0, into: &actions))
+        #expect(actions.isEmpty && !m.isLive(2))
+        #expect((m.counters.submitted, m.counters.cancelled, m.counters.queued, m.counters.running) == (2, 1, 0, 1))
+        #expect((m.queues[q].counters.submitted, m.queues[q].counters.cancelled) == (2, 1))
+        _ = m.finished(1, .succeeded, payload: nil, now: 0)
+        #expect(!m.hasQueue(q))  // gone: only the engine's counters count the next one
+        #expect(!m.submitPlain(id: 3, queue: q, priority: .normal, qos: .default, group: nil, startDeadline: nil,
+                               owner: Owner(), now: 0, into: &actions))
+        #expect((m.counters.submitted, m.counters.succeeded, m.counters.cancelled) == (3, 1, 2))
+        #expect(m.queues[other].counters.submitted == 0)
+    }
+
     @Test func exactlyOneEndPerOperationUnderRandomEvents() {
         var rng = SplitMix(seed: 42)
         var m = Machine(config: .init(agingNanos: 10, maxPerHost: 3, history: 64))

@@ -66,6 +66,13 @@ import Testing
             let errors = tally.errors
             #expect(errors.count >= 800)
             #expect(errors.allSatisfy { $0.status == .invalid && $0.message == "the queue has been freed" })
+            // The engine's counters add up, whenever each submit was booked.
+            let stats = engine.stats()
+            let succeeded = results.filter { $0.outcome == .succeeded }.count
+            #expect(stats.at("/submitted")?.integerValue == Int64(ids.count))
+            #expect(stats.at("/succeeded")?.integerValue == Int64(succeeded))
+            #expect(stats.at("/cancelled")?.integerValue == Int64(ids.count - succeeded))
+            #expect(stats.at("/undelivered")?.integerValue == 0)
         }
     }
 

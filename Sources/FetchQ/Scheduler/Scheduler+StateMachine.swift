@@ -487,7 +487,17 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
     /// for an unknown or closed queue.
     mutating func submitPlain(id: OpID, queue q: QueueID, priority: Priority, qos: QoS, group: String?,
                               startDeadline: UInt64?, owner: Owner, now: UInt64, into actions: inout [Action]) -> Bool {
-        guard queueExists(q), !queues[q].closed else { return false }
+        guard queueExists(q), !queues[q].closed else {
+            // Its submit returned before the queue closed (the inbox checks
+            // that); the runtime ends it cancelled, and the counters say so.
+            counters.submitted += 1
+            counters.cancelled += 1
+            if queueExists(q) {
+                queues[q].counters.submitted += 1
+                queues[q].counters.cancelled += 1
+            }
+            return false
+        }
         let s = book(id, queue: q, group: group, host: 0, priority: priority, qos: qos, isBarrier: false,
                      isInternal: false, owner: owner)
         if let startDeadline { deadlines.insert(id, key: startDeadline) }
