@@ -88,16 +88,10 @@ import Testing
             .init(op: Operation(id: id, queue: queue, qos: .default, body: Self.noop, callback: .none, engine: engine),
                   priority: .normal, group: nil, startDeadline: nil)
         }
-        // The holder's buffer, as the engine keeps it: emptied after each booking.
-        var buffer: [SubmitInbox.Entry] = []
-        func booked() -> [OpID] {
-            defer { buffer.removeAll(keepingCapacity: true) }
-            return buffer.map(\.op.id)
-        }
-        func claimed() -> [OpID] { inbox.claim(into: &buffer) ? booked() : [] }
-        func released(stop: Bool) -> String {
-            switch inbox.release(stop: stop, into: &buffer) {
-            case .book: "book \(booked())"
+        func ids(_ entries: [SubmitInbox.Entry]?) -> [OpID] { entries?.map(\.op.id) ?? [] }
+        func released(_ release: SubmitInbox.Release) -> String {
+            switch release {
+            case .book(let entries): "book \(ids(entries))"
             case .done: "done"
             case .handOver: "handOver"
             }
@@ -109,28 +103,28 @@ import Testing
             case .refused(let error): "refused \(error.status)"
             }
         }
-        #expect(pushed(inbox.push(entry(1))) == "mustLock")             // nobody holds the lock
-        #expect(claimed() == [1])                                       // the submitter took it
-        #expect(pushed(inbox.push(entry(2))) == "queued")               // held: the holder books it
+        #expect(pushed(inbox.push(entry(1))) == "mustLock")  // nobody holds the lock
+        #expect(ids(inbox.claim()) == [1])                     // the submitter took it
+        #expect(pushed(inbox.push(entry(2))) == "queued")      // held: the holder books it
         #expect(pushed(inbox.push(entry(3))) == "queued")
-        #expect(released(stop: false) == "book [2, 3]")                 // in order, before letting go
-        #expect(pushed(inbox.push(entry(4))) == "queued")               // still held: more may come
-        #expect(released(stop: false) == "book [4]")
-        #expect(released(stop: false) == "done")                        // nothing came: let go
+        #expect(released(inbox.release(stop: false)) == "book [2, 3]")  // in order, before letting go
+        #expect(pushed(inbox.push(entry(4))) == "queued")                // still held: more may come
+        #expect(released(inbox.release(stop: false)) == "book [4]")
+        #expect(released(inbox.release(stop: false)) == "done")         // nothing came: let go
         #expect(pushed(inbox.push(entry(5))) == "mustLock")
-        #expect(claimed() == [5])
+        #expect(ids(inbox.claim()) == [5])
         #expect(pushed(inbox.push(entry(6))) == "queued")
-        #expect(released(stop: true) == "handOver")                     // its share is booked
-        #expect(pushed(inbox.push(entry(9))) == "queued")               // still held: the job books it
-        #expect(claimed() == [6, 9])                                    // the job took the lock
-        #expect(released(stop: true) == "done")
+        #expect(released(inbox.release(stop: true)) == "handOver")       // its share is booked
+        #expect(pushed(inbox.push(entry(9))) == "queued")                // still held: the job books it
+        #expect(ids(inbox.claim()) == [6, 9])                            // the job took the lock
+        #expect(released(inbox.release(stop: true)) == "done")
         inbox.closeQueue(1)
         #expect(pushed(inbox.push(entry(6, queue: 1))) == "refused invalid")
         #expect(pushed(inbox.push(entry(7, queue: 2))) == "mustLock")
-        #expect(claimed() == [7])
-        #expect(released(stop: false) == "done")
+        #expect(ids(inbox.claim()) == [7])
         inbox.refuseAll()
         #expect(pushed(inbox.push(entry(8, queue: 2))) == "refused shutdown")
+        #expect(released(inbox.release(stop: false)) == "done")
     }
 
     @Test func everyAcceptedSubmitRunsWithoutAnyoneWaiting() throws {

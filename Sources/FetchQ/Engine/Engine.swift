@@ -44,9 +44,6 @@ public final class Engine: @unchecked Sendable {
     /// Submits not yet booked (see SubmitInbox), and what booking them
     /// started, carried out by whoever unlocks (guarded by `lock`).
     let inbox = SubmitInbox()
-    /// Entries taken from the inbox, being booked (guarded by `lock`; see
-    /// `SubmitInbox.claim`).
-    var inboxBuffer: [SubmitInbox.Entry] = []
     var inboxWork: [Work] = []
     /// The next operation id: every id is handed out here, so that a
     /// submit can have its id before the scheduler books it.
@@ -231,7 +228,7 @@ public final class Engine: @unchecked Sendable {
     @inline(__always)
     func lockEngine() {
         lock.lock()
-        if inbox.claim(into: &inboxBuffer) { admitBuffer() }
+        if let entries = inbox.claim() { admit(entries) }
     }
 
     /// How many submits from the inbox a thread books, at most, on its way
@@ -246,10 +243,10 @@ public final class Engine: @unchecked Sendable {
         var budget = Self.inboxBudget
         var handOver = false
         loop: while true {
-            switch inbox.release(stop: budget <= 0, into: &inboxBuffer) {
-            case .book:
-                budget -= inboxBuffer.count
-                admitBuffer()
+            switch inbox.release(stop: budget <= 0) {
+            case .book(let entries):
+                admit(entries)
+                budget -= entries.count
             case .done: break loop
             case .handOver:
                 handOver = true
@@ -266,10 +263,10 @@ public final class Engine: @unchecked Sendable {
     /// With the lock held: books submits from the inbox, in order. One the
     /// scheduler refuses (its queue was closed after the submit returned)
     /// ends cancelled, as it would have in the queue.
-    private func admitBuffer() {
+    private func admit(_ entries: [SubmitInbox.Entry]) {
         var actions: [Machine.Action] = []
         var queue = -1, count = 0
-        for entry in inboxBuffer {
+        for entry in entries {
             let op = entry.op
             if op.queue != queue {
                 if count > 0 { outstanding.add(queue, count) }
@@ -283,8 +280,6 @@ public final class Engine: @unchecked Sendable {
             }
         }
         if count > 0 { outstanding.add(queue, count) }
-        // Emptied for the next swap, its storage kept unless a burst grew it.
-        if inboxBuffer.capacity > Self.inboxBudget { inboxBuffer = [] } else { inboxBuffer.removeAll(keepingCapacity: true) }
         resolve(actions, into: &inboxWork)
     }
 

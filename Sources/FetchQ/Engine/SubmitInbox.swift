@@ -71,20 +71,17 @@ final class SubmitInbox: @unchecked Sendable {
         return held ? .queued : .mustLock
     }
 
-    /// The engine lock was just taken: what waits, if anything, is swapped
-    /// into `buffer` (which must be empty; its storage becomes the inbox's, so
-    /// that a steady stream of submits reuses two arrays instead of making
-    /// one per hold of the lock). False if nothing waits.
-    func claim(into buffer: inout [Entry]) -> Bool {
+    /// The engine lock was just taken: what waits, if anything.
+    func claim() -> [Entry]? {
         lock.lock()
         defer { lock.unlock() }
         held = true
-        return takeEntries(into: &buffer)
+        return takeEntries()
     }
 
     enum Release {
-        /// Book what was swapped into the buffer, then call `release` again.
-        case book
+        /// Book these, then call `release` again.
+        case book([Entry])
         /// Nothing waits: `held` is cleared, the lock may go.
         case done
         /// Entries wait but the caller booked its share (`stop`): the lock
@@ -94,8 +91,7 @@ final class SubmitInbox: @unchecked Sendable {
     }
 
     /// The engine lock is about to be let go (see the protocol above).
-    /// `buffer` as in `claim`.
-    func release(stop: Bool, into buffer: inout [Entry]) -> Release {
+    func release(stop: Bool) -> Release {
         lock.lock()
         defer { lock.unlock() }
         if entries.isEmpty {
@@ -103,15 +99,15 @@ final class SubmitInbox: @unchecked Sendable {
             return .done
         }
         if stop { return .handOver }
-        _ = takeEntries(into: &buffer)
-        return .book
+        return .book(takeEntries()!)
     }
 
-    private func takeEntries(into buffer: inout [Entry]) -> Bool {
-        guard !entries.isEmpty else { return false }
-        precondition(buffer.isEmpty, "SubmitInbox: the buffer still holds entries")
-        swap(&buffer, &entries)
-        return true
+    private func takeEntries() -> [Entry]? {
+        guard !entries.isEmpty else { return nil }
+        var taken: [Entry] = []
+        taken.reserveCapacity(entries.count)
+        swap(&taken, &entries)
+        return taken
     }
 
     /// Submits fail from now on (call before taking the engine lock to
