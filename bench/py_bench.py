@@ -10,7 +10,9 @@ engine checks each body, json() parses it in Python); each response's parsed
 value is read as a Python object when it completes. aiohttp and httpx run C worker coroutines over one client with C
 connections, each awaiting response.json(). Every URL is distinct (?i=k).
 The time runs from creating the engine or client session to the last
-response; the client's module is imported before it starts.
+response. Before it starts, each client's module is imported and one engine
+or client is created and closed (`warm_up`): one-time costs of the process
+(imports, native libraries) stay out of the run for all three.
 Prints one JSON object on stdout; a failed request is an error.
 """
 import asyncio
@@ -75,6 +77,28 @@ async def run_httpx(url: str, n: int, c: int) -> None:
         await asyncio.gather(*(worker() for _ in range(c)))
 
 
+async def warm_up(client: str) -> None:
+    """Creates and closes one engine or client, with no request: what the
+    first one loads once per process, the timed run's one finds loaded.
+    aiohttp loads its C parts when imported; the binding loads libfetchq
+    (with libcurl and the libraries they need: 6-13 ms here) when the first
+    engine is made; httpx imports anyio and httpcore (137 modules, about
+    90 ms here) when the first client is made (bench/findings.md, "Tenth
+    round")."""
+    if client == "fetchq":
+        import fetchq
+        async with fetchq.AsyncEngine():
+            pass
+    elif client == "aiohttp":
+        import aiohttp
+        async with aiohttp.ClientSession():
+            pass
+    else:
+        import httpx
+        async with httpx.AsyncClient():
+            pass
+
+
 def main() -> None:
     if len(sys.argv) != 5 or sys.argv[1] not in ("fetchq", "aiohttp", "httpx"):
         raise SystemExit("usage: py_bench.py fetchq|aiohttp|httpx URL N C")
@@ -83,9 +107,11 @@ def main() -> None:
     # The client's module is imported before the clock starts, for all three:
     # importing is a one-time cost of the process, not of the requests (it was
     # 120-150 ms for aiohttp and 45 ms for fetchq here, 10-20 % of a run of
-    # 10 000 requests; bench/findings.md, "Seventh round"). Creating the
-    # session or engine stays inside the timed run.
+    # 10 000 requests; bench/findings.md, "Seventh round"). So is what the
+    # first engine or client loads (warm_up). Creating the session or engine
+    # stays inside the timed run.
     __import__(client)
+    asyncio.run(warm_up(client))
     t0 = time.monotonic()
     asyncio.run(fn(url, n, c))
     t = time.monotonic() - t0
