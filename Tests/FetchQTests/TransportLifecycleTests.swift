@@ -165,6 +165,27 @@ struct TransportLifecycleTests {
         #expect((stats["max_in_flight"] ?? 0) > 1)  // they really ran concurrently
     }
 
+    @Test("a second burst of 64 concurrent GETs reuses the first burst's 64 easy handles")
+    func burstsReuseEasyHandles() throws {
+        let transport = try CurlTransport()
+        defer { transport.shutdown() }
+        try server.resetStats()
+        for burst in 1...2 {
+            let box = TestCollector<TransportResult>()
+            for i in 0..<64 {
+                _ = transport.start(HTTPRequest(url: server.url("/delay?ms=200&b=\(burst)&i=\(i)")), progress: nil) {
+                    box.add($0)
+                }
+            }
+            let results = try #require(box.wait(for: 64, timeout: 60))
+            #expect(results.allSatisfy { $0.response?.status == 200 })
+        }
+        #expect((try server.stats()["max_in_flight"] ?? 0) > 32)  // more at once than the old fixed pool of 32
+        // One handle per transfer of the first burst; the second burst made
+        // none (with at most 32 kept idle it made 32 more).
+        #expect(transport.easyHandlesMade == 64)
+    }
+
     @Test("a stalled request does not hold up others to the same host", arguments: [false, true])
     func stallDoesNotBlockHost(tls: Bool) throws {
         let server = tls ? try TestServer(tls: true) : self.server

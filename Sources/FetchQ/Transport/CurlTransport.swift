@@ -112,6 +112,9 @@ package final class CurlTransport: HTTPTransport, @unchecked Sendable {
     /// Started transfers whose completion has not begun yet.
     package var activeTransfers: Int { core.activeCount.load(ordering: .acquiring) }
 
+    /// How many easy handles the loop has made (the rest were reused).
+    package var easyHandlesMade: Int { core.easyHandlesMade.load(ordering: .relaxed) }
+
     /// Whether the calling thread is this transport's loop thread (where
     /// completions run).
     package var isLoopThread: Bool { pthread_equal(pthread_self(), loopThread) != 0 }
@@ -171,6 +174,7 @@ final class CurlLoop: @unchecked Sendable {
     let multi: UnsafeMutableRawPointer
     let inbox = Locked(CurlInbox())
     let activeCount = Atomic<Int>(0)
+    let easyHandlesMade = Atomic<Int>(0)
     private let nextID = Atomic<UInt64>(1)
 
     /// Set before the loop thread starts; run first on it.
@@ -180,7 +184,13 @@ final class CurlLoop: @unchecked Sendable {
     var onTurn: (@Sendable (_ sleeping: Bool) -> Void)?
     private var active: [TransferID: CurlTransfer] = [:]
     private var idleHandles: [UnsafeMutableRawPointer] = []
-    private static let maxIdleHandles = 32
+    /// Idle easy handles kept: as many as were ever in curl at once (at least
+    /// 32, at most 1 024). With a fixed 32, 64 concurrent transfers that
+    /// ended in one turn freed half their handles and the next turn made
+    /// them again: `curl_easy_cleanup` + `curl_easy_init` for about 0.6 of
+    /// every request in P2 and P4 at 64 concurrent (bench/findings.md,
+    /// "Tenth round").
+    private var maxIdleHandles: Int { min(max(32, peakActive), 1024) }
     /// The most transfers ever in curl at once; sizes the connection cache.
     private var peakActive = 0
 
@@ -321,12 +331,17 @@ final class CurlLoop: @unchecked Sendable {
         return Unmanaged<CurlTransfer>.fromOpaque(pointer).takeUnretainedValue()
     }
 
+    private func makeEasyHandle() -> UnsafeMutableRawPointer? {
+        easyHandlesMade.wrappingAdd(1, ordering: .relaxed)
+        return curl_easy_init()
+    }
+
     private func begin(_ transfer: CurlTransfer) {
         if let rejection = transfer.rejection {
             deliver(transfer, .failure(rejection))
             return
         }
-        guard let easy = idleHandles.popLast() ?? curl_easy_init() else {
+        guard let easy = idleHandles.popLast() ?? makeEasyHandle() else {
             deliver(transfer, .failure(TransportError(kind: .network, message: "curl_easy_init failed")))
             return
         }
@@ -386,7 +401,7 @@ final class CurlLoop: @unchecked Sendable {
         transfer.easy = nil
         curl_easy_reset(easy)
         transfer.releaseCurlMemory()
-        if idleHandles.count < Self.maxIdleHandles {
+        if idleHandles.count < maxIdleHandles {
             idleHandles.append(easy)
         } else {
             curl_easy_cleanup(easy)
