@@ -185,11 +185,11 @@ final class CurlLoop: @unchecked Sendable {
     private var active: [TransferID: CurlTransfer] = [:]
     private var idleHandles: [UnsafeMutableRawPointer] = []
     /// Idle easy handles kept: as many as were ever in curl at once (at least
-    /// 32, at most 1 024). With a fixed 32, 64 concurrent transfers that
-    /// ended in one turn freed half their handles and the next turn made
-    /// them again: `curl_easy_cleanup` + `curl_easy_init` for about 0.6 of
-    /// every request in P2 and P4 at 64 concurrent (bench/findings.md,
-    /// "Tenth round").
+    /// 32, at most 1 024; an idle handle holds 5-10 KB of curl's memory).
+    /// With a fixed 32, 64 concurrent transfers on one loop that ended in
+    /// one turn freed half their handles and the next turn made them again:
+    /// `curl_easy_cleanup` + `curl_easy_init` for about 0.6 of every request
+    /// of P4 at 64 concurrent (bench/findings.md, "Tenth round").
     private var maxIdleHandles: Int { min(max(32, peakActive), 1024) }
     /// The most transfers ever in curl at once; sizes the connection cache.
     private var peakActive = 0
