@@ -177,7 +177,11 @@ typedef void (*fq_async_fn)(fq_op *op, void *userdata);
  *                   after its operation ended
  *   "workers"       worker threads for block/async bodies and for parsing
  *                   responses larger than 64 KiB, 1..256 (default: number of
- *                   CPUs, at least 2)
+ *                   CPUs, at least 2). Every operation's end is booked under
+ *                   one engine lock: for a flood of bodies that do almost
+ *                   nothing, workers take turns at that lock, and 1 worker
+ *                   ran no-op operations faster than 2 (1.3 M against 1.1 M
+ *                   per second on 2 cores; bench/findings.md, "Tenth round")
  *   "transfer_threads" threads running network transfers, each with its own
  *                   libcurl connections (1..16, default 2). A transfer thread
  *                   ends the operations whose responses it received itself —
