@@ -690,13 +690,17 @@ public final class Engine: @unchecked Sendable {
         }
         var inlineBatch: [Delivery.Item] = []
         var pickup: Operation? = nil
-        let all = familyActions.isEmpty ? actions : familyActions + actions
-        if onWorker && delivery.mode == .inline {
-            resolve(all, into: &work, inline: &inlineBatch, pickup: &pickup)
-        } else if onWorker {
-            resolve(all, into: &work, pickup: &pickup)
-        } else {
-            resolve(all, into: &work)
+        do {
+            // Scoped: `all` shares the scratch buffer, which must be unique
+            // again before it is emptied below (or emptying would copy it).
+            let all = familyActions.isEmpty ? actions : familyActions + actions
+            if onWorker && delivery.mode == .inline {
+                resolve(all, into: &work, inline: &inlineBatch, pickup: &pickup)
+            } else if onWorker {
+                resolve(all, into: &work, pickup: &pickup)
+            } else {
+                resolve(all, into: &work)
+            }
         }
         if actions.count <= 4 {
             while actions.popLast() != nil {}  // keeps the buffer, unlike a fresh array
