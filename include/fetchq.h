@@ -257,7 +257,9 @@ fq_engine *fq_engine_new(const json_t *config, char *errbuf, size_t errlen);
 int fq_engine_free(fq_engine *engine);
 
 /* Waits until every operation submitted to the engine has finished and its
- * callback has returned. timeout_ms < 0 waits forever. Returns FQ_OK or
+ * callback has returned, including those that callbacks and operation bodies
+ * submit while it waits (a chain of callbacks, each submitting the next, is
+ * waited for to its end). timeout_ms < 0 waits forever. Returns FQ_OK or
  * FQ_ERR_TIMEOUT; FQ_ERR_STATE when called from a callback or operation body
  * in thread or inline delivery mode (it would wait for itself). In poll mode it runs
  * the callbacks on the calling thread while it waits (with timeout_ms 0 it

@@ -206,6 +206,61 @@ import Testing
         }
     }
 
+    /// A callback that submits and returns while another thread holds the
+    /// engine lock leaves its submit in the inbox, for that holder to book.
+    /// A wait woken by that callback's return (the count of operations
+    /// awaiting callbacks fell to 0) must not end before that submit is
+    /// booked and has had its own callback. CI once saw the C test
+    /// chain_of_submits_from_callbacks end its wait after 1 of 300 links.
+    @Test func aWaitCoversASubmitTheLastCallbackLeftInTheInbox() throws {
+        try withEngine(queue: 1) { engine, queue, c in
+            let entered = Atomic<Bool>(false), release = Atomic<Bool>(false)
+            let followID = Atomic<Int64>(0)
+            _ = try engine.submit(Self.noop, to: queue, options: nil) { result in
+                c.callback(result)
+                entered.store(true, ordering: .releasing)
+                let until = monotonicNanos() + 10_000_000_000
+                while !release.load(ordering: .acquiring) && monotonicNanos() < until { usleep(100) }
+                do throws(FetchQError) {
+                    followID.store(try engine.submit(Self.noop, to: queue, options: nil, completion: c.callback),
+                                   ordering: .releasing)
+                } catch {
+                    followID.store(-1, ordering: .releasing)
+                }
+            }
+            func within10s(_ done: () -> Bool) {
+                let until = monotonicNanos() + 10_000_000_000
+                while !done() && monotonicNanos() < until { usleep(100) }
+            }
+            within10s { entered.load(ordering: .acquiring) }
+            let callbackRuns = entered.load(ordering: .acquiring)
+            try #require(callbackRuns)
+            let status = Atomic<Int>(-1), callbacksAtReturn = Atomic<Int>(-1)
+            let waiter = startThread(name: "waiter") {
+                let rc = engine.waitIdle(timeoutMs: 20_000)
+                callbacksAtReturn.store(c.count, ordering: .relaxed)
+                status.store(Int(rc.rawValue), ordering: .releasing)
+            }
+            usleep(50_000)  // the waiter sleeps on the count: 1, the first callback runs
+            engine.lockEngine()
+            release.store(true, ordering: .releasing)
+            within10s { followID.load(ordering: .acquiring) != 0 }
+            usleep(50_000)  // the callback returned; the count fell to 0
+            let endedWhileHeld = status.load(ordering: .acquiring) != -1
+            engine.unlockEngine()
+            joinThread(waiter)
+            let follow = followID.load(ordering: .acquiring)
+            let rc = status.load(ordering: .acquiring), callbacks = callbacksAtReturn.load(ordering: .relaxed)
+            #expect(follow > 0)
+            #expect(!endedWhileHeld)
+            #expect(rc == Int(FQStatus.ok.rawValue))
+            #expect(callbacks == 2)
+            let stats = engine.stats()
+            #expect(stats.at("/submitted")?.integerValue == 2)
+            #expect(stats.at("/succeeded")?.integerValue == 2)
+        }
+    }
+
     @Test func anEngineFreedWhileThreadsSubmitEndsEveryAcceptedSubmitOnce() throws {
         let engine = try Engine(config: EngineConfig())
         let queue = try engine.makeQueue(name: "q", maxConcurrent: 2)

@@ -768,7 +768,15 @@ public final class Engine: @unchecked Sendable {
             }
         }
         bookInbox()
-        return outstanding.waitForZero(queue, until: until) ? .ok : .timeout
+        while true {
+            guard outstanding.waitForZero(queue, until: until) else { return .timeout }
+            // The last callback may have submitted before it returned, into
+            // the inbox of a thread holding the engine lock that has not
+            // booked (counted) it yet: taking the lock waits for that
+            // booking, or books it.
+            bookInbox()
+            if outstanding.count(queue) == 0 { return .ok }
+        }
     }
 
     /// Books the submits waiting in the inbox (a wait counts only booked
