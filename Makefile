@@ -67,7 +67,7 @@ test: lib
 
 # The shared test server's own tests.
 test-support:
-	python3 -B -m pytest -q -p no:cacheprovider Tests/support/test_testserver.py
+	python3 -B -m pytest -q -p no:cacheprovider Tests/support/test_testserver.py Tests/support/test_bench_report.py
 
 # The binding: `pip install ./bindings/python` (with the library copied into
 # the package), the installed package must find its own copy, then pytest.

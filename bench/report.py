@@ -44,7 +44,7 @@ def machine() -> List[Tuple[str, str]]:
             ("OS", sh("sh", "-c", ". /etc/os-release && echo $PRETTY_NAME"))]
 
 
-def versions(root: str) -> List[Tuple[str, str]]:
+def versions(root: str, meta: Dict[str, Any]) -> List[Tuple[str, str]]:
     lib = os.path.join(root, "build/lib/libfetchq.so.0")
     try:
         fq = ctypes.CDLL(lib)
@@ -52,15 +52,23 @@ def versions(root: str) -> List[Tuple[str, str]]:
         fetchq = fq.fq_version_string().decode()
     except OSError:
         fetchq = "?"
-    commit = sh("git", "-C", root, "rev-parse", "--short", "HEAD")
-    dirty = sh("git", "-C", root, "status", "--porcelain", "--untracked-files=no", "--", "Sources", "include")
+    head = sh("git", "-C", root, "rev-parse", "--short", "HEAD")
+    later = ""
+    if "commit" in meta:  # the commit measured, recorded by run.sh
+        commit, dirty = meta["commit"], meta.get("dirty", False)
+        if commit != head:
+            later = f"; this report was regenerated from its results at {head}"
+    else:
+        commit = head
+        dirty = sh("git", "-C", root, "status", "--porcelain", "--untracked-files=no", "--", "Sources", "include")
     pyver = {}
     for mod in ("aiohttp", "httpx"):
         pyver[mod] = sh("python3", "-c", f"import {mod}; print({mod}.__version__)")
     wrk = first_line(sh("wrk", "-v"))
     nginx = first_line(sh(os.path.exists("/usr/sbin/nginx") and "/usr/sbin/nginx" or "nginx", "-v"))
     return [
-        ("fetchq", f"{fetchq} (commit {commit}{', with uncommitted changes in Sources/ or include/' if dirty else ''})"),
+        ("fetchq", f"{fetchq} (commit {commit}{', with uncommitted changes in Sources/ or include/' if dirty else ''}"
+                   f"{later})"),
         ("Swift", first_line(sh("swift", "--version"))),
         ("libcurl", sh("pkg-config", "--modversion", "libcurl")),
         ("jansson", sh("pkg-config", "--modversion", "jansson")),
@@ -362,7 +370,7 @@ def main() -> None:
     w("")
     w("| | |")
     w("|---|---|")
-    for k, v in versions(root):
+    for k, v in versions(root, meta):
         w(f"| {k} | {v} |")
     w("")
     w("## Method and commands")
