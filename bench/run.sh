@@ -218,14 +218,17 @@ json.dump({"pairs": $PAIRS, "p1_n": $P1_N, "p1_chain_n": $P1_CHAIN_N, "p2_n": $P
            "doc_bytes": $DOC_BYTES, "nginx_workers": $NGINX_WORKERS,
            "load_start": "$LOAD_START", "load_end": "$(cut -d' ' -f1-3 /proc/loadavg)",
            "seconds": $(date +%s) - $started, "anchors": "$ANCHORS",
-           "commit": "$BENCH_COMMIT", "dirty": "$BENCH_DIRTY" != ""}, open(sys.argv[1], "w"))
+           "commit": "$BENCH_COMMIT", "dirty": $BENCH_DIRTY}, open(sys.argv[1], "w"))
 EOF
 }
 
 install_deps
 # The commit measured (the report may be regenerated later, at another one).
 BENCH_COMMIT=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo "?")
-BENCH_DIRTY=$(git -C "$ROOT" status --porcelain --untracked-files=no -- Sources include 2>/dev/null)
+BENCH_DIRTY=False
+if [ -n "$(git -C "$ROOT" status --porcelain --untracked-files=no -- Sources include 2>/dev/null)" ]; then
+    BENCH_DIRTY=True
+fi
 build
 start_nginx
 LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
