@@ -25,6 +25,12 @@ import Testing
 
     static let noop: OperationBody = .block { _ in nil }
 
+    /// Polls `done` every 0.1 ms until it holds, for at most 10 s.
+    static func within10s(_ done: () -> Bool) {
+        let until = monotonicNanos() + 10_000_000_000
+        while !done() && monotonicNanos() < until { usleep(100) }
+    }
+
     @Test func submitsFromManyThreadsWhileTheQueueClosesGetOneCallbackEachOrAnError() throws {
         try withEngine(queue: 2) { engine, queue, c in
             let tally = Tally()
@@ -219,8 +225,7 @@ import Testing
             _ = try engine.submit(Self.noop, to: queue, options: nil) { result in
                 c.callback(result)
                 entered.store(true, ordering: .releasing)
-                let until = monotonicNanos() + 10_000_000_000
-                while !release.load(ordering: .acquiring) && monotonicNanos() < until { usleep(100) }
+                Self.within10s { release.load(ordering: .acquiring) }
                 do throws(FetchQError) {
                     followID.store(try engine.submit(Self.noop, to: queue, options: nil, completion: c.callback),
                                    ordering: .releasing)
@@ -228,11 +233,7 @@ import Testing
                     followID.store(-1, ordering: .releasing)
                 }
             }
-            func within10s(_ done: () -> Bool) {
-                let until = monotonicNanos() + 10_000_000_000
-                while !done() && monotonicNanos() < until { usleep(100) }
-            }
-            within10s { entered.load(ordering: .acquiring) }
+            Self.within10s { entered.load(ordering: .acquiring) }
             let callbackRuns = entered.load(ordering: .acquiring)
             try #require(callbackRuns)
             let status = Atomic<Int>(-1), callbacksAtReturn = Atomic<Int>(-1)
@@ -244,7 +245,7 @@ import Testing
             usleep(50_000)  // the waiter sleeps on the count: 1, the first callback runs
             engine.lockEngine()
             release.store(true, ordering: .releasing)
-            within10s { followID.load(ordering: .acquiring) != 0 }
+            Self.within10s { followID.load(ordering: .acquiring) != 0 }
             usleep(50_000)  // the callback returned; the count fell to 0
             let endedWhileHeld = status.load(ordering: .acquiring) != -1
             engine.unlockEngine()
