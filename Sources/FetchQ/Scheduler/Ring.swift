@@ -1,40 +1,115 @@
-/// A FIFO of values: amortised O(1) append and pop from the front.
-/// The front is an index into storage that is compacted when half is dead.
+/// A FIFO of values: a circular buffer whose capacity is a power of two.
+/// Append and pop from the front are O(1) and touch one slot, and an
+/// element taken out is no longer held by the ring (a delivered result, a
+/// job's operation). The buffer doubles when full, moving its elements, and
+/// is given back when it empties above `keptCapacity` slots (after a
+/// flood). A value type: copies share the buffer until one of them changes.
 struct Ring<Element> {
-    private var storage: [Element] = []
-    private var head = 0
+    private final class Buffer {
+        let base: UnsafeMutablePointer<Element>
+        let mask: Int
+        var head = 0
+        var count = 0
 
-    var isEmpty: Bool { head == storage.count }
-    var count: Int { storage.count - head }
-    var first: Element? { isEmpty ? nil : storage[head] }
-
-    mutating func append(_ element: Element) { storage.append(element) }
-
-    /// Moves every element, in order, to the end of `array` (which should
-    /// be empty: then the storage itself changes hands, nothing is copied,
-    /// and the ring keeps `array`'s old buffer).
-    mutating func takeAll(into array: inout [Element]) {
-        if head == 0 && array.isEmpty {
-            swap(&storage, &array)
-        } else {
-            array.append(contentsOf: storage[head...])
-            storage.removeAll(keepingCapacity: storage.count < 4096)
+        init(capacity: Int) {
+            base = .allocate(capacity: capacity)
+            mask = capacity - 1
         }
-        head = 0
+
+        var capacity: Int { mask + 1 }
+
+        /// Moves (or copies) the elements, in order, to `target`.
+        func transfer(to target: UnsafeMutablePointer<Element>, move: Bool) {
+            let front = Swift.min(count, capacity - head)
+            if move {
+                target.moveInitialize(from: base + head, count: front)
+                (target + front).moveInitialize(from: base, count: count - front)
+            } else {
+                target.initialize(from: base + head, count: front)
+                (target + front).initialize(from: base, count: count - front)
+            }
+        }
+
+        deinit {
+            let front = Swift.min(count, capacity - head)
+            (base + head).deinitialize(count: front)
+            base.deinitialize(count: count - front)
+            base.deallocate()
+        }
+    }
+
+    private var buffer: Buffer?
+
+    /// The largest buffer kept once the ring is empty.
+    static var keptCapacity: Int { 4096 }
+
+    var count: Int { buffer?.count ?? 0 }
+    var isEmpty: Bool { count == 0 }
+    var first: Element? {
+        guard let buffer, buffer.count > 0 else { return nil }
+        return buffer.base[buffer.head]
+    }
+    /// Slots allocated (for tests).
+    var capacity: Int { buffer?.capacity ?? 0 }
+
+    mutating func append(_ element: Element) {
+        // The buffer is used through an unretained reference: `writable`
+        // made it this ring's own, and nothing here can release it.
+        Unmanaged.passUnretained(writable(growing: true))._withUnsafeGuaranteedRef { buffer in
+            (buffer.base + ((buffer.head &+ buffer.count) & buffer.mask)).initialize(to: element)
+            buffer.count &+= 1
+        }
     }
 
     @discardableResult
     mutating func removeFirst() -> Element {
-        let element = storage[head]
-        head += 1
-        if head == storage.count {
-            storage.removeAll(keepingCapacity: storage.count < 4096)
-            head = 0
-        } else if head >= 1024 && head * 2 >= storage.count {
-            storage.removeFirst(head)
-            head = 0
+        precondition(count > 0, "removeFirst on an empty Ring")
+        let (element, emptied) = Unmanaged.passUnretained(writable(growing: false))._withUnsafeGuaranteedRef { buffer in
+            let element = (buffer.base + buffer.head).move()
+            buffer.count &-= 1
+            buffer.head = buffer.count == 0 ? 0 : (buffer.head &+ 1) & buffer.mask
+            return (element, buffer.count == 0 && buffer.capacity > Self.keptCapacity)
         }
+        if emptied { buffer = nil }
         return element
+    }
+
+    /// Moves every element, in order, to the end of `array`.
+    mutating func takeAll(into array: inout [Element]) {
+        let n = count
+        guard n > 0 else { return }
+        if array.isEmpty {
+            let buffer = writable(growing: false)
+            array = [Element](unsafeUninitializedCapacity: n) { target, initialized in
+                buffer.transfer(to: target.baseAddress!, move: true)
+                initialized = n
+            }
+            buffer.count = 0
+            buffer.head = 0
+            if buffer.capacity > Self.keptCapacity { self.buffer = nil }
+        } else {
+            array.reserveCapacity(array.count + n)
+            while !isEmpty { array.append(removeFirst()) }
+        }
+    }
+
+    /// The buffer, unshared, with room for one more element if `growing`.
+    private mutating func writable(growing: Bool) -> Buffer {
+        // Asked before any local reference to the buffer exists.
+        let unique = isKnownUniquelyReferenced(&buffer)
+        if unique, let current = buffer, !growing || current.count <= current.mask { return current }
+        let count = buffer?.count ?? 0
+        var capacity = Swift.max(8, buffer?.capacity ?? 0)
+        while capacity < count + (growing ? 1 : 0) { capacity *= 2 }
+        let fresh = Buffer(capacity: capacity)
+        if let old = buffer {
+            // A sole owner's elements move; a shared buffer's are copied.
+            old.transfer(to: fresh.base, move: unique)
+            if unique { old.count = 0 }
+            fresh.count = count
+        }
+        buffer = fresh
+        return fresh
     }
 }
 
