@@ -33,9 +33,14 @@ import Testing
             case 5..<9:
                 if !reference.isEmpty { #expect(ring.removeFirst() == reference.removeFirst()) }
             default:
-                // Into an empty array (the buffer's elements move) or after
-                // what the array holds.
+                // Into an empty array (the buffer's elements move), an
+                // emptied one that kept its capacity, or after what an
+                // array holds.
                 var taken: [Int] = g.below(2) == 0 ? [] : [-1, -2]
+                if g.below(3) == 0 {
+                    taken.reserveCapacity(64)
+                    taken.removeAll(keepingCapacity: true)
+                }
                 let before = taken
                 ring.takeAll(into: &taken)
                 #expect(taken == before + reference)
