@@ -74,13 +74,11 @@ struct Ring<Element> {
         return element
     }
 
-    /// Moves every element, in order, to the end of `array` (into its
-    /// spare capacity if it has enough, else into a new buffer when it is
-    /// empty: no allocation for a caller that reuses its array).
+    /// Moves every element, in order, to the end of `array`.
     mutating func takeAll(into array: inout [Element]) {
         let n = count
         guard n > 0 else { return }
-        if array.isEmpty && array.capacity < n {
+        if array.isEmpty {
             let buffer = writable(growing: false)
             array = [Element](unsafeUninitializedCapacity: n) { target, initialized in
                 buffer.transfer(to: target.baseAddress!, move: true)
