@@ -301,7 +301,8 @@ def main() -> None:
     w("## Results")
     w("")
     w(f"Each benchmark ran as {meta['pairs']} rounds of alternating runs (anchor, fetchq, anchor, fetchq, …; "
-      "P2/P3 as curl+jansson, wrk, fetchq, fetchq inline; P4 as aiohttp, httpx, fetchq; P7 as URLSession, "
+      "P2/P3 as curl+jansson, wrk, fetchq, fetchq inline, then the 2-thread client and fetchq with at most "
+      "2C requests in the engine (both below); P4 as aiohttp, httpx, fetchq; P7 as URLSession, "
       "curl+jansson, fetchq, fetchq inline), so slow phases of this shared "
       "machine hit both sides. Medians of the rounds; the ratio is fetchq's median over the anchor's "
       "(higher is better for fetchq); min–max over the rounds. P2 and P7 run fetchq twice: with the "

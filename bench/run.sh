@@ -165,7 +165,7 @@ run_all() {
     record parse info 1 "$OUT/jansson_parse" "$TMP/www/doc.json" 20000
     record parse-search info 1 "$OUT/jansson_parse" "$TMP/www/s/q1.json" 20000
 
-    log "P2/P3: GET + JSON parse from nginx (rounds of: curl+jansson, wrk, fetchq, fetchq inline, curl+jansson on 2 threads)"
+    log "P2/P3: GET + JSON parse from nginx (rounds of: curl+jansson, wrk, fetchq, fetchq inline, curl+jansson on 2 threads, fetchq with at most 2C in the engine)"
     for c in 8 64; do
         for r in $(seq "$PAIRS"); do
             record "P2-c$c" anchor "$r" "$CURLJ" "$DOC_URL" "$P2_N" "$c"
@@ -174,13 +174,11 @@ run_all() {
             record "P2-c$c" fetchq-inline "$r" env "FQ_BENCH_CONFIG=$INLINE" "$FQ" p2 "$DOC_URL" "$P2_N" "$c"
             # The ceiling: the same C client on 2 threads (each a multi handle, C/2 connections).
             record "P2-c$c" curlj2 "$r" "$CURLJ" "$DOC_URL" "$P2_N" "$c" items 2
+            # Steady-state latency: at most 2C requests in the engine at a time (the
+            # runs above submit all N at once, so their queue wait is the backlog).
+            # In every round, like the rest: one run alone can land in a slow phase.
+            record "P2w-c$c" fetchq "$r" env FQ_BENCH_WINDOW=$((2 * c)) "$FQ" p2 "$DOC_URL" "$P2_N" "$c"
         done
-    done
-
-    # Steady-state latency: at most 2C requests in the engine at a time (the
-    # rounds above submit all N at once, so their queue wait is the backlog).
-    for c in 8 64; do
-        record "P2w-c$c" fetchq 1 env FQ_BENCH_WINDOW=$((2 * c)) "$FQ" p2 "$DOC_URL" "$P2_N" "$c"
     done
 
     log "P4: from Python asyncio (rounds of: aiohttp, httpx, fetchq binding)"
