@@ -17,10 +17,11 @@ struct Ring<Element> {
         }
 
         var capacity: Int { mask + 1 }
+        /// Elements from `head` to the end of the buffer; the rest wrap to its start.
+        var front: Int { Swift.min(count, capacity - head) }
 
         /// Moves (or copies) the elements, in order, to `target`.
         func transfer(to target: UnsafeMutablePointer<Element>, move: Bool) {
-            let front = Swift.min(count, capacity - head)
             if move {
                 target.moveInitialize(from: base + head, count: front)
                 (target + front).moveInitialize(from: base, count: count - front)
@@ -31,7 +32,6 @@ struct Ring<Element> {
         }
 
         deinit {
-            let front = Swift.min(count, capacity - head)
             (base + head).deinitialize(count: front)
             base.deinitialize(count: count - front)
             base.deallocate()
