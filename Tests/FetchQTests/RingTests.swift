@@ -87,7 +87,7 @@ import Testing
             for i in 0..<100 { ring.append(Tracked(i, live)) }
             #expect(live.n == 100)
             // A removed element is not kept alive by the buffer.
-            weak var gone = ring.first
+            weak let gone = ring.first
             _ = ring.removeFirst()
             #expect(gone == nil)
             #expect(live.n == 99)

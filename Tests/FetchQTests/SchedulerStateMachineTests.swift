@@ -337,6 +337,48 @@ import Testing
         #expect(unknown.message == "no operation 9999")
     }
 
+    /// Groups and edges live in a side table that an operation takes only
+    /// when it has one and gives back when it ends: entries are reused, the
+    /// values read through them stay each operation's own, and operations
+    /// without either never take one.
+    @Test func groupsAndEdgesAreKeptPerOperationAndTheirEntriesReused() {
+        var m = Machine(config: .init(agingNanos: 0, maxPerHost: 6, history: 3))
+        let q = m.addQueue(name: "q", maxConcurrent: 1)
+        for i in 0..<200 {
+            _ = m.finished(submit(&m, q).0, .succeeded, payload: "plain\(i)", now: 0)
+        }
+        #expect(m.linkEntries == 0)
+        for i in 0..<500 {
+            let (a, startA) = submit(&m, q, group: "g\(i % 3)")
+            #expect(started(startA) == [a])
+            let (b, _) = submit(&m, q, deps: [a])
+            let (c, _) = submit(&m, q, group: "h\(i)")
+            #expect(m.group(of: a) == "g\(i % 3)")
+            #expect(m.group(of: b) == nil)
+            #expect(m.group(of: c) == "h\(i)")
+            // c is cancelled through its group; b gets a's payload and starts.
+            let (count, cancelled) = m.cancelGroup("h\(i)", now: 0)
+            #expect(count == 1 && completed(cancelled).map(\.0) == [c])
+            let afterA = m.finished(a, .succeeded, payload: "a\(i)", now: 0)
+            guard case .start(b, let deps, _) = afterA.first else {
+                Issue.record("expected \(b) to start, got \(afterA)")
+                return
+            }
+            #expect(deps.map(\.id) == [a] && deps.first?.payload == "a\(i)")
+            #expect(m.group(of: a) == nil)  // finished
+            // A dependency added later, on an operation that finished and is
+            // still in history (3 entries), passes its payload too.
+            let (d, _) = submit(&m, q, deps: [a])
+            _ = m.finished(b, .succeeded, payload: "b\(i)", now: 0)
+            let afterD = m.finished(d, .succeeded, payload: nil, now: 0)
+            #expect(afterD.isEmpty)
+            #expect(m.liveCount == 0)
+        }
+        // At most a, b and c held entries at once.
+        #expect(m.linkEntries <= 3)
+        #expect(m.counters.succeeded == 200 + 3 * 500 && m.counters.cancelled == 500)
+    }
+
     @Test func addDependencyRejectsCycles() {
         var m = Machine()
         let q = m.addQueue(name: "q", maxConcurrent: 1)

@@ -338,10 +338,10 @@ public final class Engine: @unchecked Sendable {
         var actions = actions
         var next = 0
         while next < actions.count {
-            let action = actions[next]
+            let current = next
             next += 1
-            switch action {
-            case .start(let id, let dependencies, let owner):
+            switch actions[current] {
+            case .start(_, let dependencies, let owner):
                 guard let op = owner else { continue }
                 if !dependencies.isEmpty { op.dependencies = dependencies }
                 for (i, dep) in dependencies.enumerated() where dep.payload == nil && dep.outcome == .succeeded {

@@ -123,15 +123,18 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
 
     /// One operation, live or remembered after it finished. Stored by value
     /// in `slots` and found through `index`; fields are read and written in
-    /// place (copying an `Op` would retain its arrays).
+    /// place. What only some operations have (a group, edges, collected
+    /// results) is in `linkTable`, so that an `Op` holds no more than two
+    /// references and is cheap to book, reset and reuse.
     struct Op {
         var id: OpID = 0
         var queue: QueueID = 0
         var seq: UInt64 = 0
         var readySince: UInt64 = 0
-        var group: String? = nil
         /// Index into `hosts`; 0 for operations without a host.
         var host: Int32 = 0
+        /// Index into `linkTable`; -1: none (no group, edges or payloads).
+        var links: Int32 = -1
         var level: Int8 = 0
         var qos: Int8 = 0
         var state: OpState = .waiting
@@ -145,14 +148,20 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         /// The queue's list of unfinished operations (slot numbers, -1 none).
         var prev: Int32 = -1
         var next: Int32 = -1
-        var dependents: [Dependent] = []
-        /// Strict and collect dependencies, for cycle checks.
-        var dependencies: [OpID] = []
-        var dependencyPayloads: [Dependency] = []
         /// Finished: the result kept for later dependents.
         var payload: Payload? = nil
         /// Live: the runtime's object (nil once finished).
         var owner: Owner? = nil
+    }
+
+    /// An operation's group and edges (see `Op.links`); a live operation's
+    /// only: `retire` gives them back.
+    struct Links {
+        var group: String? = nil
+        var dependents: [Dependent] = []
+        /// Strict and collect dependencies, for cycle checks.
+        var dependencies: [OpID] = []
+        var dependencyPayloads: [Dependency] = []
     }
 
     struct Counters {
@@ -232,6 +241,9 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
     /// `slots[s].field` reads or writes one field in place.
     private var slots: UnsafeMutablePointer<Op> { slab.base }
     private var freeSlots: [Int32] = []
+    /// By `Op.links`; free entries are listed in `freeLinks`.
+    private var linkTable: [Links] = []
+    private var freeLinks: [Int32] = []
     /// Slot by id, for live operations and those remembered in history.
     private var index = IDTable<Int32>()
     /// Live operations (not finished).
@@ -295,8 +307,41 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
 
     private mutating func freeSlot(_ s: Int) {
         index.removeValue(forKey: slots[s].id)
-        slots[s] = Op()
+        dropLinks(s)
+        // The other fields are all set again when the slot is reused.
+        slots[s].id = 0
+        slots[s].payload = nil
+        slots[s].owner = nil
         freeSlots.append(Int32(s))
+    }
+
+    /// The index of slot `s`'s links in `linkTable`, made on first use.
+    /// (Take it before writing `linkTable[...]`: the two are one access each.)
+    private mutating func linksIndex(_ s: Int) -> Int {
+        if slots[s].links >= 0 { return Int(slots[s].links) }
+        let l: Int32
+        if let free = freeLinks.popLast() {
+            l = free
+        } else {
+            linkTable.append(Links())
+            l = Int32(linkTable.count - 1)
+        }
+        slots[s].links = l
+        return Int(l)
+    }
+
+    /// Gives slot `s`'s links back (emptied), if it has any.
+    private mutating func dropLinks(_ s: Int) {
+        let l = slots[s].links
+        guard l >= 0 else { return }
+        linkTable[Int(l)] = Links()
+        freeLinks.append(l)
+        slots[s].links = -1
+    }
+
+    /// Slot `s`'s strict and collect dependencies.
+    private func dependencies(ofSlot s: Int) -> [OpID] {
+        slots[s].links < 0 ? [] : linkTable[Int(slots[s].links)].dependencies
     }
 
     private mutating func hostNumber(_ name: String) -> Int32 {
@@ -450,7 +495,8 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
                 // Already ended (e.g. at its own submit, its dependency had
                 // failed): collected as it ended, or as cancelled if forgotten.
                 let done = finishedSlot(dep)
-                slots[s].dependencyPayloads.append(
+                let l = linksIndex(s)
+                linkTable[l].dependencyPayloads.append(
                     Dependency(id: dep, outcome: done.map { slots[$0].outcome } ?? .cancelled,
                                payload: done.flatMap { slots[$0].payload }))
             }
@@ -460,9 +506,10 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
             if let d = liveSlot(dep) {
                 link(s, after: d, edge: .strict)
             } else if let done = finishedSlot(dep) {
-                slots[s].dependencies.append(dep)
+                let l = linksIndex(s)
+                linkTable[l].dependencies.append(dep)
                 if slots[done].outcome == .succeeded {
-                    slots[s].dependencyPayloads.append(Dependency(id: dep, outcome: .succeeded, payload: slots[done].payload))
+                    linkTable[l].dependencyPayloads.append(Dependency(id: dep, outcome: .succeeded, payload: slots[done].payload))
                 } else if failedDependency == nil {
                     failedDependency = (dep, slots[done].outcome)
                 }
@@ -512,7 +559,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
                                isBarrier: Bool, isInternal: Bool, owner: Owner?) -> Int {
         nextOpID = max(nextOpID, id + 1)
         nextSeq += 1
-        let s = allocate(Op(id: id, queue: q, seq: nextSeq, group: group, host: host,
+        let s = allocate(Op(id: id, queue: q, seq: nextSeq, host: host,
                             level: Int8(priority.level), qos: Int8(qos.rawValue),
                             isBarrier: isBarrier, isInternal: isInternal, owner: owner))
         index.insert(id, Int32(s))
@@ -524,7 +571,11 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         }
         queues[q].counters.queued += 1
         counters.queued += 1
-        if let group { groups[group, default: []].insert(id) }
+        if let group {
+            let l = linksIndex(s)
+            linkTable[l].group = group
+            groups[group, default: []].insert(id)
+        }
         return s
     }
 
@@ -537,9 +588,13 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
 
     /// Slot `s` waits for slot `d`.
     private mutating func link(_ s: Int, after d: Int, edge: Edge) {
-        slots[d].dependents.append(Dependent(id: slots[s].id, edge: edge))
+        let ld = linksIndex(d)
+        linkTable[ld].dependents.append(Dependent(id: slots[s].id, edge: edge))
         slots[s].waitingOn += 1
-        if edge != .order { slots[s].dependencies.append(slots[d].id) }
+        if edge != .order {
+            let ls = linksIndex(s)
+            linkTable[ls].dependencies.append(slots[d].id)
+        }
     }
 
     // MARK: - Dependencies added later
@@ -560,7 +615,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
             if waits(dep, on: id) {
                 return .failure(FetchQError(.cycle, "operation \(dep) already waits for \(id): the dependency would create a cycle"))
             }
-            if slots[s].dependencies.contains(dep) { return .success([]) }
+            if dependencies(ofSlot: s).contains(dep) { return .success([]) }
             link(s, after: d, edge: .strict)
             if state == .ready { unready(s) }
             return .success([])
@@ -569,9 +624,10 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
             return .failure(FetchQError(.notFound, Self.unknownMessage(dep, nextOpID: nextOpID, history: config.history)))
         }
         var actions: [Action] = []
-        slots[s].dependencies.append(dep)
+        let l = linksIndex(s)
+        linkTable[l].dependencies.append(dep)
         if slots[done].outcome == .succeeded {
-            slots[s].dependencyPayloads.append(Dependency(id: dep, outcome: .succeeded, payload: slots[done].payload))
+            linkTable[l].dependencyPayloads.append(Dependency(id: dep, outcome: .succeeded, payload: slots[done].payload))
         } else {
             end(s, .cancelled, .dependency, .dependency(dep, slots[done].outcome), now: now, into: &actions)
             schedule(now: now, into: &actions)
@@ -585,7 +641,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         var seen: Set<OpID> = [start]
         while let current = stack.popLast() {
             guard let s = liveSlot(current) else { continue }
-            for dep in slots[s].dependencies where liveSlot(dep) != nil {
+            for dep in dependencies(ofSlot: s) where liveSlot(dep) != nil {
                 if dep == target { return true }
                 if seen.insert(dep).inserted { stack.append(dep) }
             }
@@ -678,6 +734,9 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
 
     /// Entries in the ready FIFOs, stale ones included (for tests).
     var readyEntries: Int { rings.reduce(0) { $0 + $1.count } }
+
+    /// `linkTable`'s length, entries in use and free (for tests).
+    var linkEntries: Int { linkTable.count }
 
     private mutating func cancelOne(_ s: Int, now: UInt64, into actions: inout [Action]) {
         guard !slots[s].cancelRequested else { return }
@@ -772,22 +831,23 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
                 counters.count(outcome)
             }
             if queues[q].openBarrier == id { queues[q].openBarrier = nil }
-            if let group = slots[s].group {
-                groups[group]?.remove(id)
-                if groups[group]?.isEmpty == true { groups[group] = nil }
-            }
             var dependents: [Dependent] = []
-            swap(&dependents, &slots[s].dependents)
+            if slots[s].links >= 0 {
+                let l = Int(slots[s].links)
+                if let group = linkTable[l].group {
+                    groups[group]?.remove(id)
+                    if groups[group]?.isEmpty == true { groups[group] = nil }
+                }
+                swap(&dependents, &linkTable[l].dependents)
+                dropLinks(s)
+            }
             // A network operation's value: its own transfer (it has a host)
             // or a shared one (it was attached to a carrier).
             let networkValue = slots[s].host != 0 || slots[s].state == .attached
             slots[s].state = .finished
             slots[s].outcome = outcome
             slots[s].cancelledByOwn = byCancel
-            slots[s].group = nil
             slots[s].owner = nil
-            if !slots[s].dependencies.isEmpty { slots[s].dependencies = [] }
-            if !slots[s].dependencyPayloads.isEmpty { slots[s].dependencyPayloads = [] }
             // Internal operations (carriers) cannot be named in depends_on.
             remember(s, outcome == .succeeded && !slots[s].isInternal ? payload : nil, large: networkValue)
             for dependent in dependents {
@@ -799,7 +859,8 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
                     continue
                 }
                 if dependent.edge != .order {
-                    slots[d].dependencyPayloads.append(Dependency(id: id, outcome: outcome, payload: payload))
+                    let ld = linksIndex(d)
+                    linkTable[ld].dependencyPayloads.append(Dependency(id: id, outcome: outcome, payload: payload))
                 }
                 slots[d].waitingOn -= 1
                 if slots[d].waitingOn == 0 && slots[d].state == .waiting {
@@ -1010,7 +1071,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
             let s = chosen.slot
             slots[s].state = .running
             var payloads: [Dependency] = []
-            swap(&payloads, &slots[s].dependencyPayloads)
+            if slots[s].links >= 0 { swap(&payloads, &linkTable[Int(slots[s].links)].dependencyPayloads) }
             let q = chosen.queue
             queues[q].readyCount -= 1
             queues[q].counters.queued -= 1
@@ -1082,7 +1143,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         let newID = newID ?? nextOpID
         nextOpID = max(nextOpID, newID + 1)
         nextSeq += 1
-        let n = allocate(Op(id: newID, queue: q, seq: nextSeq, group: nil, host: slots[s].host, level: slots[s].level,
+        let n = allocate(Op(id: newID, queue: q, seq: nextSeq, host: slots[s].host, level: slots[s].level,
                             qos: slots[s].qos, isBarrier: false, isInternal: true))
         index.insert(newID, Int32(n))
         liveCount += 1
@@ -1120,6 +1181,8 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         if let s = liveSlot(id) { slots[s].owner = owner }
     }
     func state(of id: OpID) -> OpState? { liveSlot(id).map { slots[$0].state } }
-    func group(of id: OpID) -> String? { liveSlot(id).flatMap { slots[$0].group } }
+    func group(of id: OpID) -> String? {
+        liveSlot(id).flatMap { slots[$0].links < 0 ? nil : linkTable[Int(slots[$0].links)].group }
+    }
     func finishedOutcome(of id: OpID) -> Outcome? { finishedSlot(id).map { slots[$0].outcome } }
 }
