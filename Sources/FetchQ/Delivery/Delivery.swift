@@ -22,8 +22,8 @@ public enum DeliveryMode: Sendable { case thread, inline, poll }
 /// paying a wake-up per completion.
 ///
 /// `@unchecked Sendable`: `items`, `stopping`, `running`, `napping` and
-/// `napsLeft` are guarded by `lock`;
-/// `thread` is written in init and read in `stop()` only.
+/// `napsLeft` are guarded by `lock`; `owner` and `thread` are written in
+/// `start` (before any thread reads them) and `thread` read in `stop()` only.
 final class Delivery: @unchecked Sendable {
     typealias Mode = DeliveryMode
 
@@ -51,22 +51,29 @@ final class Delivery: @unchecked Sendable {
     /// start one, so callbacks stay serialized and in order.
     private var running = false
     private var thread: pthread_t?
-    private let owner: UInt
+    private var owner: UInt = 0
     /// Called after a batch of callbacks has returned, with the queue of
     /// each completion in it (events are not counted).
     private let delivered: @Sendable ([QueueID]) -> Void
 
-    init(mode: Mode, owner: UnsafeRawPointer, delivered: @escaping @Sendable ([QueueID]) -> Void) throws(FetchQError) {
+    /// Nothing runs until `start`.
+    init(mode: Mode, delivered: @escaping @Sendable ([QueueID]) -> Void) throws(FetchQError) {
         self.mode = mode
-        self.owner = UInt(bitPattern: owner)
         self.delivered = delivered
         if mode == .poll {
             eventFD = fqs_eventfd()
             if eventFD < 0 { throw FetchQError(.noMemory, "eventfd failed: errno \(errno)") }
         } else {
             eventFD = -1
-            thread = startThread(name: "fetchq-deliver") { [self] in run() }
         }
+    }
+
+    /// Starts the delivery thread (thread and inline modes). `owner` is
+    /// recorded as the current engine of the threads running callbacks (see
+    /// fq_support.h). Called once, before anything is posted.
+    func start(owner: UnsafeRawPointer) {
+        self.owner = UInt(bitPattern: owner)
+        if mode != .poll { thread = startThread(name: "fetchq-deliver") { [self] in run() } }
     }
 
     deinit {

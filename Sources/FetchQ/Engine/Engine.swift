@@ -57,8 +57,11 @@ public final class Engine: @unchecked Sendable {
     public let httpCache: HTTPCache?
     /// Made with the first network operation, `config.transferThreads` of them (guarded by `lock`).
     var transports: [CurlTransport] = []
-    var workers: WorkerPool!
-    var delivery: Delivery!
+    /// `let`s: an engine thread calls into them for every operation, and
+    /// calling through a `var` retained and released the object each time
+    /// (one refcount that every engine thread wrote).
+    let workers: WorkerPool
+    let delivery: Delivery
     var timer: DeadlineTimer!
 
     public init(config: EngineConfig) throws(FetchQError) {
@@ -82,11 +85,13 @@ public final class Engine: @unchecked Sendable {
             historyValues: min(config.historyValues, config.history),
             rateLimits: config.rateLimits.mapValues { .init(perSecond: $0.perSecond, burst: $0.burst) },
             isLight: { $0.isLight }))
-        let owner = selfPointer
-        delivery = try Delivery(mode: config.delivery, owner: owner) { [outstanding] queues in
+        delivery = try Delivery(mode: config.delivery) { [outstanding] queues in
             outstanding.done(queues)  // without the engine lock
         }
-        workers = WorkerPool(count: config.workers, owner: owner)
+        workers = WorkerPool(count: config.workers)
+        let owner = selfPointer
+        delivery.start(owner: owner)
+        workers.start(owner: owner)
         timer = DeadlineTimer { [unowned self] in expireDeadlines() }
         logger.info("engine started", metadata: ["workers": "\(config.workers)", "delivery": "\(config.delivery)"])
     }

@@ -7,7 +7,7 @@ import Synchronization
 /// network I/O).
 ///
 /// `@unchecked Sendable`: `jobs` and `stopping` are guarded by `lock`;
-/// `threads` is written only in init and read in `stop()`.
+/// `threads` is written only in `start` and read in `stop()`.
 final class WorkerPool: @unchecked Sendable {
     /// An operation's body (no closure allocated per operation), or other
     /// work such as parsing a response.
@@ -28,11 +28,16 @@ final class WorkerPool: @unchecked Sendable {
     /// Each thread's values to free (see ReleaseList); they outlive the threads.
     private let releaseLists: [ReleaseList]
 
-    /// `owner` is recorded as the threads' current engine (see fq_support.h).
-    init(count: Int, owner: UnsafeRawPointer) {
-        let ownerBits = UInt(bitPattern: owner)
+    /// No thread runs until `start`.
+    init(count: Int) {
         releaseLists = (0..<count).map { _ in ReleaseList() }
-        for index in 0..<count {
+    }
+
+    /// Starts the threads; `owner` is recorded as their current engine (see
+    /// fq_support.h). Called once.
+    func start(owner: UnsafeRawPointer) {
+        let ownerBits = UInt(bitPattern: owner)
+        for index in releaseLists.indices {
             threads.append(startThread(name: "fetchq-work-\(index)") { [self] in
                 fqs_set_current_engine(UnsafeRawPointer(bitPattern: ownerBits))
                 releaseLists[index].makeCurrent()
