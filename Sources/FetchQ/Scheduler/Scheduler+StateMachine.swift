@@ -143,6 +143,10 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         var isInternal = false
         /// Finished: ended by a cancel of its own (not a failed dependency).
         var cancelledByOwn = false
+        /// Finished: `payload` is light (`Config.isLight`), noted while it is
+        /// fresh: dropping it from history then does not read it (under the
+        /// lock, 4 096 finishes later, that read was a cache miss).
+        var payloadIsLight = false
         var outcome: Outcome = .succeeded
         var waitingOn: Int32 = 0
         /// The queue's list of unfinished operations (slot numbers, -1 none).
@@ -881,6 +885,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         }
         if let payload {
             if !large {
+                slots[s].payloadIsLight = config.isLight(payload)
                 slots[s].payload = payload
             } else if config.historyValues > 0 {
                 slots[s].payload = payload
@@ -888,9 +893,8 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
                 while valueOrder.count > config.historyValues {
                     let old = valueOrder.removeFirst()
                     let o = Int(old.slot)
-                    if slots[o].id == old.id, let value = slots[o].payload {
+                    if slots[o].id == old.id, let value = slots[o].payload.take() {
                         released.append(value)
-                        slots[o].payload = nil
                     }
                 }
             } else {
@@ -900,8 +904,9 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         historyOrder.append(Int32(s))
         while historyOrder.count > config.history {
             let old = Int(historyOrder.removeFirst())
-            if let value = slots[old].payload {
-                if config.isLight(value) { dropped = value } else { released.append(value) }
+            // Moved out, not copied: released after the lock, not here.
+            if let value = slots[old].payload.take() {
+                if slots[old].payloadIsLight { dropped = value } else { released.append(value) }
             }
             freeSlot(old)
         }
