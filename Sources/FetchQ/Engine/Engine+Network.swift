@@ -96,7 +96,7 @@ extension Engine {
         }
         var progress: (@Sendable (UInt64, UInt64) -> Void)? = nil
         if job.progressIntervalMs != nil {
-            progress = { [unowned self] received, expected in
+            progress = { [unowned(unsafe) self] received, expected in
                 let (handler, ids) = lock.withLock {
                     op.lastProgress = (received, expected)
                     return (eventHandler, progressTargets(op))
@@ -107,7 +107,10 @@ extension Engine {
                 }
             }
         }
-        let transfer = transport.start(job.request, progress: progress) { [unowned self, job, cacheContext] outcome in
+        // unowned(unsafe), as `Operation.engine`: the engine outlives its
+        // transfers, and `unowned` counted on the engine object's one
+        // refcount word from every thread, four times per transfer.
+        let transfer = transport.start(job.request, progress: progress) { [unowned(unsafe) self, job, cacheContext] outcome in
             if transport.isLoopThread && endsOnLoop(job, outcome) {
                 transferEnded(op, job, outcome, attempts: attempt, cache: cacheContext, onLoop: true)
                 return
