@@ -1064,7 +1064,13 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         rateWake = nil
         while true {
             var best: Candidate? = nil
-            for q in queueOrder where isEligible(q) {
+            // By index: `for q in queueOrder` kept a reference to the array
+            // for the loop (bestCandidate mutates self).
+            var i = 0
+            while i < queueOrder.count {
+                let q = queueOrder[i]
+                i += 1
+                guard isEligible(q) else { continue }
                 if let candidate = bestCandidate(in: q, now: now),
                    best == nil || candidate.beatsAcrossQueues(best!) {
                     best = candidate
