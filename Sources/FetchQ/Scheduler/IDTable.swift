@@ -62,17 +62,15 @@ struct IDTable<Value> {
         }
     }
 
-    /// Inserts or replaces.
+    /// Inserts or replaces, in one probe: until it displaces another key,
+    /// the probe passes every bucket where `key` could be (as `find` does).
     mutating func insert(_ key: OpID, _ value: Value) {
         precondition(key > 0, "IDTable keys are > 0")
-        if let i = find(key) {
-            buckets[i].value = value
-            return
-        }
         if (count + 1) * 10 > buckets.count * 7 { grow() }
         var carried = Bucket(key: key, value: value)
         var i = home(key)
         var d = 0
+        var displaced = false
         while true {
             let k = buckets[i].key
             if k == 0 {
@@ -80,8 +78,13 @@ struct IDTable<Value> {
                 count += 1
                 return
             }
+            if !displaced && k == key {
+                buckets[i].value = carried.value
+                return
+            }
             let dk = distance(i, k)
             if dk < d {
+                displaced = true
                 // Take the bucket from a key nearer its home; carry that one on.
                 swap(&carried, &buckets[i])
                 d = dk
