@@ -8,7 +8,7 @@ import Testing
 
     /// Ids started by these actions, in order.
     func started(_ actions: [Machine.Action]) -> [OpID] {
-        actions.compactMap { if case .start(let id, _, _) = $0 { return id } else { return nil } }
+        actions.compactMap { if case .start(let id, _, _, _) = $0 { return id } else { return nil } }
     }
 
     func completed(_ actions: [Machine.Action]) -> [(OpID, Outcome, FQStatus, String)] {
@@ -146,7 +146,7 @@ import Testing
         #expect(started(s2).isEmpty)
         #expect(m.state(of: b) == .waiting)
         let actions = m.finished(a, .succeeded, payload: "A's value", now: 0)
-        guard case .start(let id, let deps, _) = actions.first else {
+        guard case .start(let id, let deps, _, _) = actions.first else {
             Issue.record("expected a start, got \(actions)")
             return
         }
@@ -195,7 +195,7 @@ import Testing
         _ = m.finished(a, .succeeded, payload: "a", now: 0)
         _ = m.finished(b, .failed, payload: "b failed", now: 0)
         let last = m.finished(c, .cancelled, payload: nil, now: 0)
-        guard case .start(parent, let deps, _) = last.first else {
+        guard case .start(parent, let deps, _, _) = last.first else {
             Issue.record("parent should start after all children, got \(last)")
             return
         }
@@ -205,7 +205,7 @@ import Testing
         // Collecting operations that already ended: their outcomes, at once.
         spec.collects = [a, b]
         let (late, actions) = try! m.submit(spec, now: 0).get()
-        guard case .start(late, let lateDeps, _) = actions.first else {
+        guard case .start(late, let lateDeps, _, _) = actions.first else {
             Issue.record("expected the collector to start at once, got \(actions)")
             return
         }
@@ -309,7 +309,7 @@ import Testing
         let (a, _) = submit(&m, q)
         _ = m.finished(a, .succeeded, payload: "va", now: 0)
         let (b, actions) = submit(&m, q, deps: [a])
-        guard case .start(b, let deps, _) = actions.first else {
+        guard case .start(b, let deps, _, _) = actions.first else {
             Issue.record("expected b to start, got \(actions)")
             return
         }
@@ -360,7 +360,7 @@ import Testing
             let (count, cancelled) = m.cancelGroup("h\(i)", now: 0)
             #expect(count == 1 && completed(cancelled).map(\.0) == [c])
             let afterA = m.finished(a, .succeeded, payload: "a\(i)", now: 0)
-            guard case .start(b, let deps, _) = afterA.first else {
+            guard case .start(b, let deps, _, _) = afterA.first else {
                 Issue.record("expected \(b) to start, got \(afterA)")
                 return
             }
@@ -611,6 +611,47 @@ import Testing
         #expect(m.queues[other].counters.submitted == 0)
     }
 
+    /// The slot holds its operation's object by hand (a `.start` action
+    /// carries it unretained): the reference is dropped when the operation
+    /// ends, when its object is replaced, and with the machine.
+    @Test func ownersAreLetGoWhenTheirOperationsEndAndWithTheMachine() {
+        final class Owner {}
+        weak var ran: Owner?, cancelled: Owner?, replaced: Owner?, waiting: Owner?, replacement: Owner?
+        do {
+            var m = Machine(config: .init(agingNanos: 0, maxPerHost: 6, history: 2))
+            let q = m.addQueue(name: "q", maxConcurrent: 1)
+            var actions: [Machine.Action] = []
+            do {
+                let owners = (Owner(), Owner(), Owner(), Owner())
+                (ran, cancelled, replaced, waiting) = owners
+                for (id, owner) in [(1, owners.0), (2, owners.1), (3, owners.2), (4, owners.3)] {
+                    #expect(m.submitPlain(id: OpID(id), queue: q, priority: .normal, qos: .default, group: nil,
+                                          startDeadline: nil, owner: owner, now: 0, into: &actions))
+                }
+            }
+            guard case .start(1, _, let carried?, false) = actions.first else {
+                Issue.record("expected 1 to start with its owner, got \(actions)")
+                return
+            }
+            #expect(carried.takeUnretainedValue() === ran && m.owner(of: 1) === ran)
+            actions = []
+            #expect(ran != nil && cancelled != nil)  // the slots keep them
+            #expect(completed(try! m.cancel(2, now: 0).get()).map(\.0) == [2])
+            #expect(cancelled == nil)  // ended, and its action dropped
+            #expect(started(m.finished(1, .succeeded, payload: "r", now: 0)) == [3])
+            #expect(ran == nil)
+            do {
+                let other = Owner()
+                replacement = other
+                m.setOwner(other, of: 3)
+            }
+            #expect(replaced == nil && replacement != nil && m.owner(of: 3) === replacement)
+            #expect(waiting != nil && m.liveCount == 2)
+        }
+        // Dropped with operations 3 (running) and 4 (ready) still live.
+        #expect(waiting == nil && replacement == nil)
+    }
+
     @Test func exactlyOneEndPerOperationUnderRandomEvents() {
         var rng = SplitMix(seed: 42)
         var m = Machine(config: .init(agingNanos: 10, maxPerHost: 3, history: 64))
@@ -621,7 +662,7 @@ import Testing
         func absorb(_ actions: [Machine.Action]) {
             for a in actions {
                 switch a {
-                case .start(let id, _, _): running.insert(id)
+                case .start(let id, _, _, _): running.insert(id)
                 case .complete(let id, _, _, _, _): ends[id, default: 0] += 1
                 case .cancelRunning: break
                 }

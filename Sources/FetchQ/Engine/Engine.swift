@@ -337,31 +337,36 @@ public final class Engine: @unchecked Sendable {
     /// `pickup` (a worker ending its job): the block or async operation
     /// started first, when nothing comes before it in `work`, is put there
     /// instead (see `execute`): the common end, "this one ended, that one
-    /// starts", then needs no work list.
+    /// starts", then needs no work list. Not retained, and not read here:
+    /// its slot keeps it until it ends, which it cannot before it runs, and
+    /// the worker takes its reference after the lock.
     func resolve(_ actions: [Machine.Action], into work: inout [Work], inline: UnsafeMutablePointer<[Delivery.Item]>? = nil,
-                 pickup: UnsafeMutablePointer<Operation?>? = nil) {
+                 pickup: UnsafeMutablePointer<Unmanaged<Operation>?>? = nil) {
         var actions = actions
         var next = 0
         while next < actions.count {
             let current = next
             next += 1
             switch actions[current] {
-            case .start(_, let dependencies, let owner):
-                guard let op = owner else { continue }
-                if !dependencies.isEmpty { op.dependencies = dependencies }
-                for (i, dep) in dependencies.enumerated() where dep.payload == nil && dep.outcome == .succeeded {
-                    // A network dependency whose result left history
-                    // ("history_values") before this operation was submitted.
-                    op.dependencies[i].payload = OperationResult(
-                        id: dep.id, outcome: .succeeded, status: .ok,
-                        message: "the result of operation \(dep.id) is no longer kept: more than history_values "
-                            + "(\(config.historyValues)) network operations finished after it",
-                        value: nil)
+            case .start(_, let dependencies, let owner, let network):
+                guard let owner else { continue }
+                if !dependencies.isEmpty {
+                    let op = owner.takeUnretainedValue()
+                    op.dependencies = dependencies
+                    for (i, dep) in dependencies.enumerated() where dep.payload == nil && dep.outcome == .succeeded {
+                        // A network dependency whose result left history
+                        // ("history_values") before this operation was submitted.
+                        op.dependencies[i].payload = OperationResult(
+                            id: dep.id, outcome: .succeeded, status: .ok,
+                            message: "the result of operation \(dep.id) is no longer kept: more than history_values "
+                                + "(\(config.historyValues)) network operations finished after it",
+                            value: nil)
+                    }
                 }
-                if let pickup, work.isEmpty, pickup.pointee == nil, !op.isNetwork {
-                    pickup.pointee = op
+                if let pickup, work.isEmpty, pickup.pointee == nil, !network {
+                    pickup.pointee = owner
                 } else {
-                    work.append(.start(op))
+                    work.append(.start(owner.takeUnretainedValue()))
                 }
             case .complete(let id, let outcome, let status, let reason, let owner):
                 guard let op = owner else { continue }
@@ -583,7 +588,8 @@ public final class Engine: @unchecked Sendable {
     /// `pickup`: the first operation started, taken out of `work` by
     /// `resolve` (it comes before everything in `work`).
     @discardableResult
-    func execute(_ work: [Work], pickup: Operation? = nil, selfPickup: Bool = false) -> Operation? {
+    func execute(_ work: [Work], pickup unretained: Unmanaged<Operation>? = nil, selfPickup: Bool = false) -> Operation? {
+        let pickup = unretained?.takeUnretainedValue()
         var selfPickup = selfPickup
         var next: Operation? = nil
         if let op = pickup {
@@ -694,7 +700,7 @@ public final class Engine: @unchecked Sendable {
             post(result, of: op)
         }
         var inlineBatch: [Delivery.Item] = []
-        var pickup: Operation? = nil
+        var pickup: Unmanaged<Operation>? = nil
         do {
             // Scoped: `all` shares the scratch buffer, which must be unique
             // again before it is emptied below (or emptying would copy it).

@@ -153,7 +153,14 @@ final class Slab<Element> {
         base = .allocate(capacity: capacity)
     }
 
+    /// Called on each element before the slab frees them (for elements that
+    /// hold references by hand).
+    var willDeinitialize: ((inout Element) -> Void)? = nil
+
     deinit {
+        if let willDeinitialize {
+            for i in 0..<count { willDeinitialize(&base[i]) }
+        }
         base.deinitialize(count: count)
         base.deallocate()
     }

@@ -57,8 +57,12 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
     /// What the runtime must do after an event.
     enum Action {
         /// Start the operation; `dependencies` are the outcomes and payloads
-        /// of its strict (all succeeded) and collect dependencies; its owner.
-        case start(OpID, dependencies: [Dependency], owner: Owner?)
+        /// of its strict (all succeeded) and collect dependencies; its owner,
+        /// not retained: the operation's slot keeps it until the operation
+        /// ends, which it cannot before it started (so the runtime takes its
+        /// own reference when it likes, after the lock too); `network`: it
+        /// has a host (a request, search or carrier).
+        case start(OpID, dependencies: [Dependency], owner: Unmanaged<Owner>?, network: Bool)
         /// The scheduler ended an operation that never started (cancelled,
         /// dependency failed, queue timeout): deliver its completion. The
         /// owner it had (the operation no longer keeps it).
@@ -154,8 +158,12 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         var next: Int32 = -1
         /// Finished: the result kept for later dependents.
         var payload: Payload? = nil
-        /// Live: the runtime's object (nil once finished).
-        var owner: Owner? = nil
+        /// Live: the runtime's object (nil once finished), retained by the
+        /// slot: `setOwnerRef` and `clearOwner` keep the count. Not a strong
+        /// reference, so that a `.start` action can carry it without touching
+        /// the object (a cache miss under the lock: the submitting thread
+        /// made it).
+        var owner: Unmanaged<Owner>? = nil
     }
 
     /// An operation's group and edges (see `Op.links`); a live operation's
@@ -284,6 +292,26 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
 
     init(config: Config = Config()) {
         self.config = config
+        // A machine dropped with live operations lets their objects go.
+        slab.willDeinitialize = { op in
+            op.owner?.release()
+            op.owner = nil
+        }
+    }
+
+    /// Drops slot `s`'s reference to its owner.
+    @inline(__always)
+    private mutating func clearOwner(_ s: Int) {
+        if let o = slots[s].owner {
+            slots[s].owner = nil
+            o.release()
+        }
+    }
+
+    /// Gives slot `s` this owner (retained) in place of the one it had.
+    private mutating func setOwnerRef(_ s: Int, _ owner: Owner?) {
+        clearOwner(s)
+        slots[s].owner = owner.map { Unmanaged.passRetained($0) }
     }
 
     // MARK: - Slots
@@ -315,7 +343,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         // The other fields are all set again when the slot is reused.
         slots[s].id = 0
         slots[s].payload = nil
-        slots[s].owner = nil
+        clearOwner(s)
         freeSlots.append(Int32(s))
     }
 
@@ -565,7 +593,8 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         nextSeq += 1
         let s = allocate(Op(id: id, queue: q, seq: nextSeq, host: host,
                             level: Int8(priority.level), qos: Int8(qos.rawValue),
-                            isBarrier: isBarrier, isInternal: isInternal, owner: owner))
+                            isBarrier: isBarrier, isInternal: isInternal))
+        setOwnerRef(s, owner)
         index.insert(id, Int32(s))
         liveCount += 1
         listAppend(s, queue: q)
@@ -814,7 +843,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         // not end it twice through a second failed dependency).
         slots[s].state = .finished
         slots[s].outcome = outcome
-        actions.append(.complete(slots[s].id, outcome, status, reason, slots[s].owner))
+        actions.append(.complete(slots[s].id, outcome, status, reason, slots[s].owner?.takeUnretainedValue()))
         return true
     }
 
@@ -851,7 +880,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
             slots[s].state = .finished
             slots[s].outcome = outcome
             slots[s].cancelledByOwn = byCancel
-            slots[s].owner = nil
+            clearOwner(s)
             // Internal operations (carriers) cannot be named in depends_on.
             remember(s, outcome == .succeeded && !slots[s].isInternal ? payload : nil, large: networkValue)
             for dependent in dependents {
@@ -1094,7 +1123,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
                 hosts[host].running += 1
                 if hosts[host].bucket != nil { hosts[host].bucket!.tokens -= 1 }
             }
-            actions.append(.start(slots[s].id, dependencies: payloads, owner: slots[s].owner))
+            actions.append(.start(slots[s].id, dependencies: payloads, owner: slots[s].owner, network: host != 0))
         }
     }
 
@@ -1186,10 +1215,10 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
 
     func isLive(_ id: OpID) -> Bool { liveSlot(id) != nil }
     /// The runtime's object of a live operation.
-    func owner(of id: OpID) -> Owner? { liveSlot(id).flatMap { slots[$0].owner } }
+    func owner(of id: OpID) -> Owner? { liveSlot(id).flatMap { slots[$0].owner?.takeUnretainedValue() } }
     /// Sets (or with nil, drops) a live operation's object.
     mutating func setOwner(_ owner: Owner?, of id: OpID) {
-        if let s = liveSlot(id) { slots[s].owner = owner }
+        if let s = liveSlot(id) { setOwnerRef(s, owner) }
     }
     func state(of id: OpID) -> OpState? { liveSlot(id).map { slots[$0].state } }
     func group(of id: OpID) -> String? {
