@@ -667,6 +667,7 @@ public final class Engine: @unchecked Sendable {
     @discardableResult
     func finishRunning(_ op: Operation, _ result: OperationResult, onWorker: Bool = false,
                        endCallers: ([Operation], OperationResult) -> Void = Engine.endCallersAlike) -> Operation? {
+        let now = monotonicNanos()  // read before the lock: it need not be held longer for it
         lockEngine()
         // A leading caller cancelled while its transfer ran for others: the
         // carrier that took the transfer over ends instead (the leader has
@@ -691,27 +692,23 @@ public final class Engine: @unchecked Sendable {
         // The lock's own scratch array: no allocation per end.
         var actions: [Machine.Action] = []
         swap(&actions, &actionScratch)
-        machine.finished(slot: slot, result.outcome, payload: result, now: monotonicNanos(), into: &actions)
+        machine.finished(slot: slot, result.outcome, payload: result, now: now, into: &actions)
         var work: [Work] = []
         // Posted under the lock, before what this end unblocks: a child's
         // event, then this callback, then the dependents'.
-        let familyActions = op.family == nil ? [] : familyEnded(op, result, &work)
+        let familyActions = op.family == nil ? nil : familyEnded(op, result, &work)
         if op.carries == nil {  // a carrier is internal: nobody waits for its callback
             post(result, of: op)
         }
         var inlineBatch: [Delivery.Item] = []
         var pickup: Unmanaged<Operation>? = nil
-        do {
+        if let familyActions, !familyActions.isEmpty {
             // Scoped: `all` shares the scratch buffer, which must be unique
             // again before it is emptied below (or emptying would copy it).
-            let all = familyActions.isEmpty ? actions : familyActions + actions
-            if onWorker && delivery.mode == .inline {
-                resolve(all, into: &work, inline: &inlineBatch, pickup: &pickup)
-            } else if onWorker {
-                resolve(all, into: &work, pickup: &pickup)
-            } else {
-                resolve(all, into: &work)
-            }
+            let all = familyActions + actions
+            resolveEnd(all, onWorker: onWorker, &work, &inlineBatch, &pickup)
+        } else {
+            resolveEnd(actions, onWorker: onWorker, &work, &inlineBatch, &pickup)
         }
         if actions.count <= 4 {
             while actions.popLast() != nil {}  // keeps the buffer, unlike a fresh array
@@ -733,6 +730,20 @@ public final class Engine: @unchecked Sendable {
             logger.info("operation failed", metadata: ["id": "\(op.id)", "status": "\(result.status)", "error": "\(result.message ?? "")"])
         }
         return execute(work, pickup: pickup, selfPickup: onWorker)
+    }
+
+    /// `finishRunning`'s `resolve`: a worker's end hands it the next
+    /// operation (and in inline mode the callbacks to run).
+    @inline(__always)
+    private func resolveEnd(_ actions: [Machine.Action], onWorker: Bool, _ work: inout [Work],
+                            _ inlineBatch: inout [Delivery.Item], _ pickup: inout Unmanaged<Operation>?) {
+        if onWorker && delivery.mode == .inline {
+            resolve(actions, into: &work, inline: &inlineBatch, pickup: &pickup)
+        } else if onWorker {
+            resolve(actions, into: &work, pickup: &pickup)
+        } else {
+            resolve(actions, into: &work)
+        }
     }
 
     /// `finishRunning`'s default for the callers of a shared transfer that

@@ -851,38 +851,20 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
     /// Iterative, so a long chain of failures cannot overflow the stack.
     private mutating func retire(_ first: Int, _ outcome: Outcome, _ payload: Payload?, byCancel: Bool,
                                  now: UInt64, into actions: inout [Action]) {
+        if slots[first].links < 0 {
+            // No group and nothing waits for it (most operations): no cascade.
+            let q = slots[first].queue
+            _ = settle(first, outcome, payload, byCancel: byCancel)
+            removeQueueIfDone(q)
+            return
+        }
         var pending: [(Int, Outcome, Payload?, Bool)] = []
         var current: (Int, Outcome, Payload?, Bool)? = (first, outcome, payload, byCancel)
         while let (s, outcome, payload, byCancel) = current {
             current = pending.popLast()
             let id = slots[s].id
             let q = slots[s].queue
-            listRemove(s)
-            liveCount -= 1
-            if !slots[s].isInternal {
-                queues[q].counters.count(outcome)
-                counters.count(outcome)
-            }
-            if queues[q].openBarrier == id { queues[q].openBarrier = nil }
-            var dependents: [Dependent] = []
-            if slots[s].links >= 0 {
-                let l = Int(slots[s].links)
-                if let group = linkTable[l].group {
-                    groups[group]?.remove(id)
-                    if groups[group]?.isEmpty == true { groups[group] = nil }
-                }
-                swap(&dependents, &linkTable[l].dependents)
-                dropLinks(s)
-            }
-            // A network operation's value: its own transfer (it has a host)
-            // or a shared one (it was attached to a carrier).
-            let networkValue = slots[s].host != 0 || slots[s].state == .attached
-            slots[s].state = .finished
-            slots[s].outcome = outcome
-            slots[s].cancelledByOwn = byCancel
-            clearOwner(s)
-            // Internal operations (carriers) cannot be named in depends_on.
-            remember(s, outcome == .succeeded && !slots[s].isInternal ? payload : nil, large: networkValue)
+            let dependents = settle(s, outcome, payload, byCancel: byCancel)
             for dependent in dependents {
                 guard let d = liveSlot(dependent.id) else { continue }
                 if dependent.edge == .strict && outcome != .succeeded {
@@ -902,6 +884,40 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
             }
             removeQueueIfDone(q)
         }
+    }
+
+    /// `retire` for one operation: books it as finished (counts, group,
+    /// history) and returns what waited for it, for the caller to settle.
+    private mutating func settle(_ s: Int, _ outcome: Outcome, _ payload: Payload?, byCancel: Bool) -> [Dependent] {
+        let id = slots[s].id
+        let q = slots[s].queue
+        listRemove(s)
+        liveCount -= 1
+        if !slots[s].isInternal {
+            queues[q].counters.count(outcome)
+            counters.count(outcome)
+        }
+        if queues[q].openBarrier == id { queues[q].openBarrier = nil }
+        var dependents: [Dependent] = []
+        if slots[s].links >= 0 {
+            let l = Int(slots[s].links)
+            if let group = linkTable[l].group {
+                groups[group]?.remove(id)
+                if groups[group]?.isEmpty == true { groups[group] = nil }
+            }
+            swap(&dependents, &linkTable[l].dependents)
+            dropLinks(s)
+        }
+        // A network operation's value: its own transfer (it has a host)
+        // or a shared one (it was attached to a carrier).
+        let networkValue = slots[s].host != 0 || slots[s].state == .attached
+        slots[s].state = .finished
+        slots[s].outcome = outcome
+        slots[s].cancelledByOwn = byCancel
+        clearOwner(s)
+        // Internal operations (carriers) cannot be named in depends_on.
+        remember(s, outcome == .succeeded && !slots[s].isInternal ? payload : nil, large: networkValue)
+        return dependents
     }
 
     /// Keeps a finished operation for `history` more finishes (its value
