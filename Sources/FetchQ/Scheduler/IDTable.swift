@@ -70,12 +70,19 @@ struct IDTable<Value> {
         var carried = Bucket(key: key, value: value)
         var i = home(key)
         var d = 0
+        var longest = 0
         var displaced = false
         while true {
             let k = buckets[i].key
             if k == 0 {
                 buckets[i] = carried
                 count += 1
+                // Live ids spread over more than the table (an old operation
+                // still waits while newer ones come and go: P1 with priorities)
+                // wrap onto each other and form long runs; more buckets undo
+                // that. At most 4 buckets per key: a long run at a lower load
+                // is left as it is.
+                if max(longest, d) > Self.longRun && count * 4 > buckets.count { grow() }
                 return
             }
             if !displaced && k == key {
@@ -87,12 +94,16 @@ struct IDTable<Value> {
                 displaced = true
                 // Take the bucket from a key nearer its home; carry that one on.
                 swap(&carried, &buckets[i])
+                longest = max(longest, d)
                 d = dk
             }
             i = (i + 1) & mask
             d += 1
         }
     }
+
+    /// A probe this long makes a table at least a quarter full grow.
+    static var longRun: Int { 32 }
 
     @discardableResult
     mutating func removeValue(forKey key: OpID) -> Value? {
@@ -123,6 +134,11 @@ struct IDTable<Value> {
 
     /// Every key, in no particular order.
     var allKeys: [OpID] { buckets.compactMap { $0.key != 0 ? $0.key : nil } }
+
+    /// The farthest any key sits from its home bucket, and the number of
+    /// buckets (for tests).
+    var longestProbe: Int { buckets.indices.map { buckets[$0].key == 0 ? 0 : distance($0, buckets[$0].key) }.max() ?? 0 }
+    var capacity: Int { buckets.count }
 }
 
 /// Counts by queue id (ids are small and dense), 0 for a queue never counted.
