@@ -167,6 +167,9 @@ extension Engine {
         guard case .success(let (parentID, more)) = parentSubmit else {
             // Cannot happen once the children were accepted (same queue, same
             // dependencies); roll them back rather than leave them orphaned.
+            // Their objects are kept until the work is done: a child's start
+            // action does not hold its object (its slot did, until here).
+            let children = family.children.compactMap { machine.owner(of: $0) }
             for child in family.children {
                 machine.setOwner(nil, of: child)  // no completion for a child rolled back
                 if case .success(let more) = machine.cancel(child, now: now) { actions += more }
@@ -174,6 +177,7 @@ extension Engine {
             let work = resolve(actions)
             unlockEngine()
             execute(work)
+            withExtendedLifetime(children) {}
             if case .failure(let error) = parentSubmit { throw error }
             throw FetchQError(.invalid, "search-all could not be submitted")
         }

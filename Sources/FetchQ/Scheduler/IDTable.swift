@@ -80,8 +80,8 @@ struct IDTable<Value> {
                 // Live ids spread over more than the table (an old operation
                 // still waits while newer ones come and go: P1 with priorities)
                 // wrap onto each other and form long runs; more buckets undo
-                // that. At most 4 buckets per key: a long run at a lower load
-                // is left as it is.
+                // that. Only while at least a quarter full (so never more than
+                // 8 buckets per key): a long run at a lower load is left as it is.
                 if max(longest, d) > Self.longRun && count * 4 > buckets.count { grow() }
                 return
             }
