@@ -83,7 +83,7 @@ final class Delivery: @unchecked Sendable {
     /// Queues an item. Only the first item of a batch wakes the consumer,
     /// and not while it naps: the delivery thread takes everything waiting
     /// when it wakes, so signalling for every item only paid for futex calls.
-    func post(_ item: Item) {
+    func post(_ item: consuming Item) {
         lock.lock()
         let wasEmpty = items.isEmpty
         items.append(item)

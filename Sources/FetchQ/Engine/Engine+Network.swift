@@ -272,7 +272,7 @@ extension Engine {
     private func continueWith(_ next: Operation?, onLoop: Bool) {
         guard let next else { return }
         if onLoop {
-            workers.submit(qos: next.qos, job: .body(next))
+            workers.submit(qos: next.qos, job: .run(next))
         } else {
             runBody(next)
         }

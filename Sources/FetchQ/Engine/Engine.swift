@@ -589,14 +589,15 @@ public final class Engine: @unchecked Sendable {
     /// `resolve` (it comes before everything in `work`).
     @discardableResult
     func execute(_ work: [Work], pickup unretained: Unmanaged<Operation>? = nil, selfPickup: Bool = false) -> Operation? {
-        let pickup = unretained?.takeUnretainedValue()
         var selfPickup = selfPickup
         var next: Operation? = nil
-        if let op = pickup {
+        if let unretained {
+            // The worker's own reference, taken here (the slot keeps its own).
             if selfPickup && workers.isIdle {
-                next = op
+                next = unretained.retain().takeRetainedValue()
             } else {
-                workers.submit(qos: op.qos, wake: !selfPickup, job: .body(op))
+                let qos = unretained._withUnsafeGuaranteedRef { $0.qos }
+                workers.submit(qos: qos, wake: !selfPickup, job: .body(unretained.retain()))
             }
             selfPickup = false
         }
@@ -609,7 +610,7 @@ public final class Engine: @unchecked Sendable {
                     next = op
                     selfPickup = false
                 } else {
-                    workers.submit(qos: op.qos, wake: !selfPickup, job: .body(op))
+                    workers.submit(qos: op.qos, wake: !selfPickup, job: .run(op))
                     selfPickup = false
                 }
             case .abort(let transport, let transfer): transport.cancel(transfer)
@@ -622,9 +623,14 @@ public final class Engine: @unchecked Sendable {
 
     /// On a worker: runs a block or async body, then any operation its end
     /// handed to this worker (see `execute`).
-    func runBody(_ op: Operation) {
+    func runBody(_ op: consuming Operation) {
         var current: Operation? = op
-        while let op = current { current = runOne(op) }
+        while let op = current.take() { current = runOne(op) }
+    }
+
+    /// `runBody` for a worker job: `op` is the reference taken by hand for it.
+    func runBody(_ op: Unmanaged<Operation>) {
+        runBody(op.takeRetainedValue())
     }
 
     private func runOne(_ op: Operation) -> Operation? {
@@ -672,7 +678,17 @@ public final class Engine: @unchecked Sendable {
         // A leading caller cancelled while its transfer ran for others: the
         // carrier that took the transfer over ends instead (the leader has
         // ended already).
-        let op = op.handedTo ?? op
+        if let runner = op.handedTo {
+            return finishLocked(runner, result, now: now, onWorker: onWorker, endCallers: endCallers)
+        }
+        return finishLocked(op, result, now: now, onWorker: onWorker, endCallers: endCallers)
+    }
+
+    /// `finishRunning` with the lock held, for the operation that ends.
+    /// (Its own function so that the common end passes `op` and `result`
+    /// along without copying a reference.)
+    private func finishLocked(_ op: Operation, _ result: OperationResult, now: UInt64, onWorker: Bool,
+                              endCallers: ([Operation], OperationResult) -> Void) -> Operation? {
         guard let slot = machine.runningSlot(op.id) else {
             unlockEngine()
             return nil
@@ -680,14 +696,23 @@ public final class Engine: @unchecked Sendable {
         // A cancel is applied under this lock: if one got in before the end
         // was booked, the operation ends cancelled, so that a cancel that
         // returned FQ_OK always means FQ_CANCELLED.
-        var result = result
         if op.carries != nil {
-            result = OperationResult(id: op.id, outcome: result.outcome, status: result.status, message: result.message,
-                                     value: nil)
-        } else if op.isCancelled && result.outcome != .cancelled {
-            result = OperationResult(id: op.id, outcome: .cancelled, status: .cancelled,
-                                     message: "operation \(op.id) was cancelled", value: nil, http: result.http)
+            return finishBooked(op, slot, OperationResult(id: op.id, outcome: result.outcome, status: result.status,
+                                                          message: result.message, value: nil),
+                                now: now, onWorker: onWorker, endCallers: endCallers)
         }
+        if op.isCancelled && result.outcome != .cancelled {
+            return finishBooked(op, slot, OperationResult(id: op.id, outcome: .cancelled, status: .cancelled,
+                                                          message: "operation \(op.id) was cancelled", value: nil,
+                                                          http: result.http),
+                                now: now, onWorker: onWorker, endCallers: endCallers)
+        }
+        return finishBooked(op, slot, result, now: now, onWorker: onWorker, endCallers: endCallers)
+    }
+
+    /// `finishRunning` with the lock held and the result final.
+    private func finishBooked(_ op: Operation, _ slot: Int, _ result: OperationResult, now: UInt64, onWorker: Bool,
+                              endCallers: ([Operation], OperationResult) -> Void) -> Operation? {
         let callers = detachCallers(op)
         // The lock's own scratch array: no allocation per end.
         var actions: [Machine.Action] = []

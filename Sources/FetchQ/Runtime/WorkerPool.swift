@@ -12,8 +12,13 @@ final class WorkerPool: @unchecked Sendable {
     /// An operation's body (no closure allocated per operation), or other
     /// work such as parsing a response.
     enum Job {
-        case body(Operation)
+        /// The operation with one reference taken by hand for the worker
+        /// that runs it (`Job.run`): queuing and taking the job then copy
+        /// no reference, and the worker keeps this one while it runs.
+        case body(Unmanaged<Operation>)
         case closure(@Sendable () -> Void)
+
+        static func run(_ op: Operation) -> Job { .body(.passRetained(op)) }
     }
 
     private let lock = ConditionLock()
@@ -53,12 +58,12 @@ final class WorkerPool: @unchecked Sendable {
         submit(qos: qos, wake: wake, job: .closure(job))
     }
 
-    func submit(qos: QoS, wake: Bool = true, job: Job) {
-        let signal = lock.withLock {
-            jobs[qos.rawValue].append(job)
-            pending += 1
-            return wake || pending > 1
-        }
+    func submit(qos: QoS, wake: Bool = true, job: consuming Job) {
+        lock.lock()  // not withLock: a closure would borrow `job`, which is moved in here
+        jobs[qos.rawValue].append(job)
+        pending += 1
+        let signal = wake || pending > 1
+        lock.unlock()
         if signal { lock.signal() }
     }
 
@@ -78,19 +83,28 @@ final class WorkerPool: @unchecked Sendable {
                 releases.close()
                 return
             }
-            var job: Job? = nil
-            for qos in stride(from: jobs.count - 1, through: 0, by: -1) where !jobs[qos].isEmpty {
-                job = jobs[qos].removeFirst()
-                break
-            }
+            let job = takeJob()
             pending -= 1
             lock.unlock()
             releases.open()
-            switch job! {
-            case .body(let op): op.engine.runBody(op)
+            // Consumed: the job's reference is the one the body runs with.
+            switch consume job {
+            case .body(let op):
+                // The engine is reached without a reference of its own: every
+                // engine thread counting the engine object made one contended
+                // cache line (its operations cannot outlive it).
+                op._withUnsafeGuaranteedRef { Unmanaged.passUnretained($0.engine) }
+                    ._withUnsafeGuaranteedRef { $0.runBody(op) }
             case .closure(let body): body()
             }
         }
+    }
+
+    /// With the lock held and a job pending: the first job of the highest QoS.
+    private func takeJob() -> Job {
+        var qos = jobs.count - 1
+        while jobs[qos].isEmpty { qos -= 1 }
+        return jobs[qos].removeFirst()
     }
 
     /// No job is waiting (a hint: another thread may queue one right after).

@@ -52,13 +52,17 @@ struct Ring<Element> {
     /// Slots allocated (for tests).
     var capacity: Int { buffer?.capacity ?? 0 }
 
-    mutating func append(_ element: Element) {
+    /// `consuming`: a caller that is done with `element` hands its
+    /// reference over instead of copying it (one retain and release less).
+    mutating func append(_ element: consuming Element) {
         // The buffer is used through an unretained reference: `writable`
         // made it this ring's own, and nothing here can release it.
-        Unmanaged.passUnretained(writable(growing: true))._withUnsafeGuaranteedRef { buffer in
-            (buffer.base + ((buffer.head &+ buffer.count) & buffer.mask)).initialize(to: element)
+        let slot = Unmanaged.passUnretained(writable(growing: true))._withUnsafeGuaranteedRef { buffer in
+            let slot = buffer.base + ((buffer.head &+ buffer.count) & buffer.mask)
             buffer.count &+= 1
+            return slot
         }
+        slot.initialize(to: element)  // moved in, outside the closure (which would borrow it)
     }
 
     @discardableResult
