@@ -11,6 +11,17 @@ import Testing
         actions.compactMap { if case .start(let id, _, _, _) = $0 { return id } else { return nil } }
     }
 
+    /// `submitPlain` as the engine's inbox calls it: the slot adopts a
+    /// reference taken for it, which a refused submit gives back.
+    func submitPlain(_ m: inout Machine, id: OpID, queue q: QueueID, owner: AnyObject,
+                     into actions: inout [Machine.Action]) -> Bool {
+        let ref = Unmanaged.passRetained(owner)
+        let booked = m.submitPlain(id: id, queue: q, priority: .normal, qos: .default, group: nil, startDeadline: nil,
+                                   adopting: ref, now: 0, into: &actions)
+        if !booked { ref.release() }
+        return booked
+    }
+
     func completed(_ actions: [Machine.Action]) -> [(OpID, Outcome, FQStatus, String)] {
         actions.compactMap {
             if case .complete(let id, let o, let s, let r, _) = $0 { return (id, o, s, r.message(for: id)) } else { return nil }
@@ -593,20 +604,17 @@ import Testing
         let q = m.addQueue(name: "q", maxConcurrent: 1)
         let other = m.addQueue(name: "other", maxConcurrent: 1)
         var actions: [Machine.Action] = []
-        #expect(m.submitPlain(id: 1, queue: q, priority: .normal, qos: .default, group: nil, startDeadline: nil,
-                              owner: Owner(), now: 0, into: &actions))
+        #expect(submitPlain(&m, id: 1, queue: q, owner: Owner(), into: &actions))
         #expect(started(actions) == [1])
         _ = m.closeQueue(q, now: 0)  // 1 runs on
         actions = []
-        #expect(!m.submitPlain(id: 2, queue: q, priority: .normal, qos: .default, group: nil, startDeadline: nil,
-                               owner: Owner(), now: 0, into: &actions))
+        #expect(!submitPlain(&m, id: 2, queue: q, owner: Owner(), into: &actions))
         #expect(actions.isEmpty && !m.isLive(2))
         #expect((m.counters.submitted, m.counters.cancelled, m.counters.queued, m.counters.running) == (2, 1, 0, 1))
         #expect((m.queues[q].counters.submitted, m.queues[q].counters.cancelled) == (2, 1))
         _ = m.finished(1, .succeeded, payload: nil, now: 0)
         #expect(!m.hasQueue(q))  // gone: only the engine's counters count the next one
-        #expect(!m.submitPlain(id: 3, queue: q, priority: .normal, qos: .default, group: nil, startDeadline: nil,
-                               owner: Owner(), now: 0, into: &actions))
+        #expect(!submitPlain(&m, id: 3, queue: q, owner: Owner(), into: &actions))
         #expect((m.counters.submitted, m.counters.succeeded, m.counters.cancelled) == (3, 1, 2))
         #expect(m.queues[other].counters.submitted == 0)
     }
@@ -625,8 +633,7 @@ import Testing
                 let owners = (Owner(), Owner(), Owner(), Owner())
                 (ran, cancelled, replaced, waiting) = owners
                 for (id, owner) in [(1, owners.0), (2, owners.1), (3, owners.2), (4, owners.3)] {
-                    #expect(m.submitPlain(id: OpID(id), queue: q, priority: .normal, qos: .default, group: nil,
-                                          startDeadline: nil, owner: owner, now: 0, into: &actions))
+                    #expect(submitPlain(&m, id: OpID(id), queue: q, owner: owner, into: &actions))
                 }
             }
             guard case .start(1, _, let carried?, false) = actions.first else {

@@ -94,7 +94,11 @@ import Testing
             .init(op: Operation(id: id, queue: queue, qos: .default, body: Self.noop, callback: .none, engine: engine),
                   priority: .normal, group: nil, startDeadline: nil)
         }
-        func ids(_ entries: [SubmitInbox.Entry]?) -> [OpID] { entries?.map(\.op.id) ?? [] }
+        // Booking would hand each entry's reference to a slot: here it is let go.
+        func ids(_ entries: [SubmitInbox.Entry]?) -> [OpID] {
+            for entry in entries ?? [] { entry.op.release() }
+            return entries?.map(\.id) ?? []
+        }
         func released(_ release: SubmitInbox.Release) -> String {
             switch release {
             case .book(let entries): "book \(ids(entries))"

@@ -272,15 +272,17 @@ public final class Engine: @unchecked Sendable {
         var actions: [Machine.Action] = []
         var queue = -1, count = 0
         for entry in entries {
-            let op = entry.op
-            if op.queue != queue {
+            if entry.queue != queue {
                 if count > 0 { outstanding.add(queue, count) }
-                queue = op.queue
+                queue = entry.queue
                 count = 0
             }
             count += 1
-            if !machine.submitPlain(id: op.id, queue: op.queue, priority: entry.priority, qos: op.qos, group: entry.group,
-                                    startDeadline: entry.startDeadline, owner: op, now: op.submittedAt, into: &actions) {
+            // The entry's reference goes to the slot (or, refused, is let go).
+            if !machine.submitPlain(id: entry.id, queue: entry.queue, priority: entry.priority, qos: entry.qos,
+                                    group: entry.group, startDeadline: entry.startDeadline, adopting: entry.op,
+                                    now: entry.submittedAt, into: &actions) {
+                let op = entry.op.takeRetainedValue()
                 post(OperationResult(id: op.id, outcome: .cancelled, status: .cancelled, reason: .cancelled), of: op)
             }
         }

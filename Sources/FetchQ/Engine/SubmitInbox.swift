@@ -34,12 +34,31 @@ import Glibc
 ///
 /// `@unchecked Sendable`: everything is guarded by `lock`.
 final class SubmitInbox: @unchecked Sendable {
-    /// A block or async operation (its queue, QoS and id are in `op`).
+    /// A block or async operation. `op` holds one reference, taken by hand
+    /// at `init`, which booking hands on to the operation's scheduler slot:
+    /// the thread that books (under the engine lock) neither counts nor
+    /// reads the object, which the submitting thread made on another core.
+    /// Its fields are copied here for the same reason.
     struct Entry {
-        let op: Operation
+        let op: Unmanaged<Operation>
+        let id: OpID
+        let queue: QueueID
+        let qos: QoS
+        let submittedAt: UInt64
         let priority: Priority
         let group: String?
         let startDeadline: UInt64?
+
+        init(op: Operation, priority: Priority, group: String?, startDeadline: UInt64?) {
+            self.op = .passRetained(op)
+            id = op.id
+            queue = op.queue
+            qos = op.qos
+            submittedAt = op.submittedAt
+            self.priority = priority
+            self.group = group
+            self.startDeadline = startDeadline
+        }
     }
 
     enum Push {
@@ -59,16 +78,28 @@ final class SubmitInbox: @unchecked Sendable {
     /// By QueueID: the queue was closed (fq_queue_free); its submits fail.
     private var closed: [Bool] = []
 
-    func push(_ entry: Entry) -> Push {
+    /// Takes the entry (and its reference): kept until booked, or let go
+    /// at once when refused.
+    deinit {
+        for entry in entries { entry.op.release() }  // never booked (the engine books all it accepted)
+    }
+
+    func push(_ entry: consuming Entry) -> Push {
         lock.lock()
-        defer { lock.unlock() }
-        if shuttingDown { return .refused(FetchQError(.shutdown, "the engine is being freed")) }
-        let queue = entry.op.queue
-        if queue < closed.count && closed[queue] {
-            return .refused(FetchQError(.invalid, "the queue has been freed"))
+        let refusal: FetchQError
+        if shuttingDown {
+            refusal = FetchQError(.shutdown, "the engine is being freed")
+        } else if entry.queue < closed.count && closed[entry.queue] {
+            refusal = FetchQError(.invalid, "the queue has been freed")
+        } else {
+            entries.append(entry)
+            let push: Push = held ? .queued : .mustLock
+            lock.unlock()
+            return push
         }
-        entries.append(entry)
-        return held ? .queued : .mustLock
+        lock.unlock()
+        entry.op.release()
+        return .refused(refusal)
     }
 
     /// The engine lock was just taken: what waits, if anything.

@@ -564,8 +564,12 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
     /// host, dependency, collect, barrier or attachment, and its own id.
     /// The same booking without building a `Spec`. False (nothing booked)
     /// for an unknown or closed queue.
+    ///
+    /// `adopting`: the owner with a reference taken for the slot, which
+    /// keeps it (a refused submit leaves it to the caller).
     mutating func submitPlain(id: OpID, queue q: QueueID, priority: Priority, qos: QoS, group: String?,
-                              startDeadline: UInt64?, owner: Owner, now: UInt64, into actions: inout [Action]) -> Bool {
+                              startDeadline: UInt64?, adopting owner: Unmanaged<Owner>, now: UInt64,
+                              into actions: inout [Action]) -> Bool {
         guard queueExists(q), !queues[q].closed else {
             // Its submit returned before the queue closed (the inbox checks
             // that); the runtime ends it cancelled, and the counters say so.
@@ -578,7 +582,8 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
             return false
         }
         let s = book(id, queue: q, group: group, host: 0, priority: priority, qos: qos, isBarrier: false,
-                     isInternal: false, owner: owner)
+                     isInternal: false, owner: nil)
+        slots[s].owner = owner
         if let startDeadline { deadlines.insert(id, key: startDeadline) }
         if let barrier = queues[q].openBarrier, let b = liveSlot(barrier) { link(s, after: b, edge: .order) }
         if slots[s].waitingOn == 0 { makeReady(s, now: now) }
