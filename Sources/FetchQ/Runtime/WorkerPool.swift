@@ -38,6 +38,16 @@ final class WorkerPool: @unchecked Sendable {
         releaseLists = (0..<count).map { _ in ReleaseList() }
     }
 
+    deinit {
+        // Jobs never run (none are left after `stop`): their operations'
+        // references are held by hand.
+        for q in jobs.indices {
+            while !jobs[q].isEmpty {
+                if case .body(let op) = jobs[q].removeFirst() { op.release() }
+            }
+        }
+    }
+
     /// Starts the threads; `owner` is recorded as their current engine (see
     /// fq_support.h). Called once.
     func start(owner: UnsafeRawPointer) {
