@@ -78,12 +78,12 @@ final class SubmitInbox: @unchecked Sendable {
     /// By QueueID: the queue was closed (fq_queue_free); its submits fail.
     private var closed: [Bool] = []
 
-    /// Takes the entry (and its reference): kept until booked, or let go
-    /// at once when refused.
     deinit {
         for entry in entries { entry.op.release() }  // never booked (the engine books all it accepted)
     }
 
+    /// Takes the entry (and its reference): kept until booked, or let go
+    /// at once when refused.
     func push(_ entry: consuming Entry) -> Push {
         lock.lock()
         let refusal: FetchQError
