@@ -698,17 +698,17 @@ public final class Engine: @unchecked Sendable {
         // A cancel is applied under this lock: if one got in before the end
         // was booked, the operation ends cancelled, so that a cancel that
         // returned FQ_OK always means FQ_CANCELLED.
+        let replaced: OperationResult?
         if op.carries != nil {
-            return finishBooked(op, slot, OperationResult(id: op.id, outcome: result.outcome, status: result.status,
-                                                          message: result.message, value: nil),
-                                now: now, onWorker: onWorker, endCallers: endCallers)
+            replaced = OperationResult(id: op.id, outcome: result.outcome, status: result.status, message: result.message,
+                                       value: nil)
+        } else if op.isCancelled && result.outcome != .cancelled {
+            replaced = OperationResult(id: op.id, outcome: .cancelled, status: .cancelled,
+                                       message: "operation \(op.id) was cancelled", value: nil, http: result.http)
+        } else {
+            replaced = nil
         }
-        if op.isCancelled && result.outcome != .cancelled {
-            return finishBooked(op, slot, OperationResult(id: op.id, outcome: .cancelled, status: .cancelled,
-                                                          message: "operation \(op.id) was cancelled", value: nil,
-                                                          http: result.http),
-                                now: now, onWorker: onWorker, endCallers: endCallers)
-        }
+        if let replaced { return finishBooked(op, slot, replaced, now: now, onWorker: onWorker, endCallers: endCallers) }
         return finishBooked(op, slot, result, now: now, onWorker: onWorker, endCallers: endCallers)
     }
 

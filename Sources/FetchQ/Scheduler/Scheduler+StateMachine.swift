@@ -501,7 +501,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         let q = spec.queue
         let s = book(id, queue: q, group: spec.group, host: spec.host.map { hostNumber($0) } ?? 0,
                      priority: spec.priority, qos: spec.qos, isBarrier: spec.barrier, isInternal: spec.isInternal,
-                     owner: spec.owner)
+                     owner: spec.owner.map { .passRetained($0) })
         if spec.attached {
             slots[s].state = .attached
             return .success(id)
@@ -582,8 +582,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
             return false
         }
         let s = book(id, queue: q, group: group, host: 0, priority: priority, qos: qos, isBarrier: false,
-                     isInternal: false, owner: nil)
-        slots[s].owner = owner
+                     isInternal: false, owner: owner)
         if let startDeadline { deadlines.insert(id, key: startDeadline) }
         if let barrier = queues[q].openBarrier, let b = liveSlot(barrier) { link(s, after: b, edge: .order) }
         if slots[s].waitingOn == 0 { makeReady(s, now: now) }
@@ -592,14 +591,15 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
     }
 
     /// Gives a new operation its slot and counts it (waiting, no edges yet).
+    /// The slot adopts `owner`, a reference taken for it.
     private mutating func book(_ id: OpID, queue q: QueueID, group: String?, host: Int32, priority: Priority, qos: QoS,
-                               isBarrier: Bool, isInternal: Bool, owner: Owner?) -> Int {
+                               isBarrier: Bool, isInternal: Bool, owner: Unmanaged<Owner>?) -> Int {
         nextOpID = max(nextOpID, id + 1)
         nextSeq += 1
         let s = allocate(Op(id: id, queue: q, seq: nextSeq, host: host,
                             level: Int8(priority.level), qos: Int8(qos.rawValue),
                             isBarrier: isBarrier, isInternal: isInternal))
-        setOwnerRef(s, owner)
+        slots[s].owner = owner  // a new or freed slot holds none
         index.insert(id, Int32(s))
         liveCount += 1
         listAppend(s, queue: q)
