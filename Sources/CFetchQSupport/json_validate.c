@@ -16,6 +16,7 @@
  * below. On input jansson rejects the answer is 0 whatever the pre-scan
  * says. */
 #include "fq_json.h"
+#include "json_chars.h"
 
 #include <stdint.h>
 #include <string.h>
@@ -24,17 +25,6 @@
 #include <emmintrin.h>
 #endif
 
-/* jansson: whitespace is space, tab, LF and CR only (no FF, VT, BOM). */
-static inline int is_ws(unsigned char c) {
-    return c == ' ' || c == '\t' || c == '\n' || c == '\r';
-}
-
-static inline int is_digit(unsigned char c) { return (unsigned)(c - '0') < 10u; }
-
-static inline const unsigned char *skip_ws(const unsigned char *p, const unsigned char *end) {
-    while (p < end && is_ws(*p)) p++;
-    return p;
-}
 
 /* The value of four hex digits (any case) at p, or -1. */
 static long hex4(const unsigned char *p, const unsigned char *end) {

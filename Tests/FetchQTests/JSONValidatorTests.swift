@@ -6,8 +6,8 @@ import Testing
 @testable import FetchQ
 
 /// `fqs_json_valid` (C, Sources/CFetchQSupport/json_validate.c) against the real thing:
-/// for every input, the validator says 1 exactly when `JSONParser.parse` (pre-scan plus
-/// jansson's `json_loadb`) succeeds.
+/// for every input, the validator says 1 exactly when `JSONParser.parseWithJansson`
+/// (pre-scan plus jansson's `json_loadb`) succeeds.
 @Suite struct JSONValidatorTests {
 
     // MARK: - Helpers
@@ -16,8 +16,10 @@ import Testing
         bytes.withUnsafeBufferPointer { fqs_json_valid($0.baseAddress, $0.count, maxDepth) } == 1
     }
 
+    /// jansson's verdict (`JSONParser.parse` itself builds valid input with
+    /// `fqs_json_build`, which asks this validator first).
     static func parser(_ bytes: [UInt8], maxDepth: Int) -> Bool {
-        (try? JSONParser.parse(bytes, maxDepth: maxDepth)) != nil
+        bytes.withUnsafeBytes { (try? JSONParser.parseWithJansson($0, maxDepth: maxDepth)) != nil }
     }
 
     static func hex(_ bytes: [UInt8], limit: Int = 400) -> String {

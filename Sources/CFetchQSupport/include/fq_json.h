@@ -34,4 +34,11 @@ int fqs_json_prescan(const unsigned char *bytes, size_t len, long max_depth, lon
  * json_validate.c for each rule. */
 int fqs_json_valid(const unsigned char *bytes, size_t len, long max_depth);
 
+/* The value JSONParser.parse(bytes, maxDepth: max_depth) gives, as a new
+ * json_t reference (a `json_t *`; void here so that this header needs no
+ * jansson), built without json_loadb; NULL when the input is not valid
+ * (fqs_json_valid) or an allocation failed: then jansson must parse it,
+ * for the value or for its error. See json_build.c. */
+void *fqs_json_build(const unsigned char *bytes, size_t len, long max_depth);
+
 #endif
