@@ -149,40 +149,60 @@ import Testing
 
 /// Submit-side keys and defaults that were rewritten for speed keep their values.
 @Suite struct NetworkJobKeyTests {
-    /// The coalescing key as it was built before (string interpolation).
-    static func referenceKey(_ job: NetworkJob) -> String {
-        let request = job.request
-        var key = "GET \(request.url)\n"
-        for (name, value) in request.headers.sorted(by: { $0.name.lowercased() < $1.name.lowercased() }) {
-            key += "\(name.lowercased()): \(value)\n"
+    /// Two GETs share a transfer exactly when their keys are equal: the same URL, headers
+    /// (name case and order aside), limits, cache mode and max_wait_ms.
+    @Test func coalesceKeysAreEqualExactlyForTheSameTransfer() throws {
+        func job() -> NetworkJob {
+            NetworkJob(request: HTTPRequest(url: "http://example.test/a?q=é"), host: "example.test:80", maxJSONDepth: 64)
         }
-        key += "\(request.connectTimeoutMs) \(request.timeoutMs) \(request.followRedirects) \(request.maxRedirects) "
-        key += "\(request.maxResponseBytes) \(request.verifyTLS) \(request.caFile ?? "-") \(request.userAgent) "
-        key += "\(job.progressIntervalMs ?? -1) \(job.cache.rawValue)"
-        return key
-    }
-
-    @Test func coalesceKeyIsTheSameText() throws {
-        var job = NetworkJob(request: HTTPRequest(url: "http://example.test/a?q=é"), host: "example.test:80",
-                             maxJSONDepth: 64)
-        #expect(job.coalesceKey == Self.referenceKey(job))
-        job.request.headers = [("X-B", "2"), ("accept", "application/json"), ("x-a", "1"), ("X-A", "0"), ("Ünïcode", "v")]
-        job.request.connectTimeoutMs = 1500
-        job.request.timeoutMs = 0
-        job.request.followRedirects = false
-        job.request.maxRedirects = 0
-        job.request.maxResponseBytes = 1 << 20
-        job.request.verifyTLS = false
-        job.request.caFile = "/etc/ca.pem"
-        job.request.userAgent = "agent/1.0 (x)"
-        job.progressIntervalMs = 250
-        job.cache = .reload
-        #expect(job.coalesceKey == Self.referenceKey(job))
-        job.cache = .onlyIfCached
-        #expect(job.coalesceKey == nil)
-        job.cache = .default
-        job.coalesce = false
-        #expect(job.coalesceKey == nil)
+        let base = try #require(job().coalesceKey(maxWaitMs: 0))
+        #expect(job().coalesceKey(maxWaitMs: 0) == base)
+        #expect(job().coalesceKey(maxWaitMs: 0)?.hashValue == base.hashValue)
+        #expect(job().coalesceKey(maxWaitMs: 5) != base)
+        // Headers: names in any case and order give the same key; values do not.
+        var a = job()
+        a.request.headers = [("X-B", "2"), ("accept", "application/json"), ("x-a", "1")]
+        var b = job()
+        b.request.headers = [("x-a", "1"), ("X-B", "2"), ("Accept", "application/json")]
+        #expect(a.coalesceKey(maxWaitMs: 0) == b.coalesceKey(maxWaitMs: 0))
+        #expect(a.coalesceKey(maxWaitMs: 0) != base)
+        b.request.headers[0] = ("x-a", "2")
+        #expect(a.coalesceKey(maxWaitMs: 0) != b.coalesceKey(maxWaitMs: 0))
+        // Every limit that shapes the transfer is part of it.
+        let changes: [(String, (inout NetworkJob) -> Void)] = [
+            ("url", { $0.request.url = "http://example.test/b" }),
+            ("connect timeout", { $0.request.connectTimeoutMs = 1500 }),
+            ("timeout", { $0.request.timeoutMs = 1 }),
+            ("redirects followed", { $0.request.followRedirects.toggle() }),
+            ("max redirects", { $0.request.maxRedirects = 0 }),
+            ("max response bytes", { $0.request.maxResponseBytes = 1 << 20 }),
+            ("TLS verification", { $0.request.verifyTLS.toggle() }),
+            ("CA file", { $0.request.caFile = "/etc/ca.pem" }),
+            ("user agent", { $0.request.userAgent = "agent/1.0 (x)" }),
+            ("progress", { $0.progressIntervalMs = 250 }),
+            ("cache mode", { $0.cache = .reload }),
+        ]
+        for (what, change) in changes {
+            var changed = job()
+            change(&changed)
+            #expect(changed.coalesceKey(maxWaitMs: 0) != nil, "\(what)")
+            #expect(changed.coalesceKey(maxWaitMs: 0) != base, "\(what) is not part of the key")
+        }
+        // Never shared: other methods, a body, cache modes that are per caller, coalesce off.
+        var other = job()
+        other.request.method = "POST"
+        #expect(other.coalesceKey(maxWaitMs: 0) == nil)
+        other = job()
+        other.request.body = [1]
+        #expect(other.coalesceKey(maxWaitMs: 0) == nil)
+        for mode in [NetworkJob.CacheMode.onlyIfCached, .staleWhileRevalidate] {
+            other = job()
+            other.cache = mode
+            #expect(other.coalesceKey(maxWaitMs: 0) == nil)
+        }
+        other = job()
+        other.coalesce = false
+        #expect(other.coalesceKey(maxWaitMs: 0) == nil)
     }
 
     @Test func defaultRetryStatuses() {

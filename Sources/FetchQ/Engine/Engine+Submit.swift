@@ -216,7 +216,7 @@ extension Engine {
     /// GET), it attaches to the identical transfer in flight if there is
     /// one (no slot, host or deadline of its own), else it leads a new one.
     func enqueue(_ body: OperationBody, queue: QueueID, common: CommonOptions, host: String?,
-                 callback: Callback, sharing key: String? = nil) throws(FetchQError) -> OpID {
+                 callback: Callback, sharing key: CoalesceKey? = nil) throws(FetchQError) -> OpID {
         let now = monotonicNanos()
         // Made before locking (its id is set under the lock, before anyone
         // else can see it): the lock is held for the bookkeeping only.
@@ -260,7 +260,7 @@ extension Engine {
     /// With the lock held: gives `op` its id in the state machine and books
     /// it (coalescing, counters). Throws, having changed nothing,
     /// when the engine is being freed or the scheduler refuses the spec.
-    func admit(_ op: Operation, _ spec: inout Machine.Spec, common: borrowing CommonOptions, sharing key: String?,
+    func admit(_ op: Operation, _ spec: inout Machine.Spec, common: borrowing CommonOptions, sharing key: CoalesceKey?,
                now: UInt64, into actions: inout [Machine.Action]) throws(FetchQError) -> OpID {
         guard !shuttingDown else { throw FetchQError(.shutdown, "the engine is being freed") }
         if spec.id == nil { spec.id = newID() }
@@ -326,7 +326,7 @@ extension Engine {
         while next < jobs.count {
             let now = monotonicNanos()
             let end = min(next + Self.batchPerLock, jobs.count)
-            var prepared: [(Operation, Machine.Spec, String?)] = []
+            var prepared: [(Operation, Machine.Spec, CoalesceKey?)] = []
             prepared.reserveCapacity(end - next)
             for i in next..<end {
                 let job = jobs[i]
@@ -361,11 +361,10 @@ extension Engine {
     }
 
     /// The key identical in-flight GETs share (see `enqueueNetwork`).
-    func sharingKey(_ job: NetworkJob, _ common: CommonOptions) -> String? {
+    func sharingKey(_ job: NetworkJob, _ common: CommonOptions) -> CoalesceKey? {
         // The transfer's max_wait_ms is part of what is shared: callers join
         // only a transfer with the same limit.
-        common.dependsOn.isEmpty && !common.barrier
-            ? job.coalesceKey.map { $0 + " max_wait_ms=\(common.maxWaitMs)" } : nil
+        common.dependsOn.isEmpty && !common.barrier ? job.coalesceKey(maxWaitMs: common.maxWaitMs) : nil
     }
 }
 

@@ -52,7 +52,7 @@ public final class Engine: @unchecked Sendable {
     /// kept between uses (guarded by `lock`).
     var actionScratch: [Machine.Action] = []
     /// In-flight shared transfers by request key.
-    var coalesced: [String: SharedTransfer] = [:]
+    var coalesced: [CoalesceKey: SharedTransfer] = [:]
     /// The HTTP cache (config "cache"), nil when its size is 0.
     public let httpCache: HTTPCache?
     /// Made with the first network operation, `config.transferThreads` of them (guarded by `lock`).

@@ -22,19 +22,35 @@ public enum URLUtilities {
     /// are kept, every other UTF-8 byte becomes `%XX` with uppercase hex digits, so a space
     /// is `%20` (never `+`) and `é` is `%C3%A9`.
     public static func percentEncode(_ text: String) -> String {
-        let hex: [UInt8] = Array("0123456789ABCDEF".utf8)
-        var out: [UInt8] = []
-        out.reserveCapacity(text.utf8.count)
-        for byte in text.utf8 {
+        var text = text
+        return text.withUTF8 { bytes in
+            String(unsafeUninitializedCapacity: bytes.count * 3) { out in encode(bytes, into: out, at: 0) }
+        }
+    }
+
+    /// The uppercase hex digit for `nibble` (0...15).
+    @inline(__always)
+    private static func hexDigit(_ nibble: UInt8) -> UInt8 {
+        nibble < 10 ? 0x30 + nibble : 0x37 + nibble  // "0"... or "A"...
+    }
+
+    /// Writes the percent-encoding of `bytes` into `out` from `start` (room for 3 bytes
+    /// per input byte); returns the index after the last byte written.
+    private static func encode(_ bytes: UnsafeBufferPointer<UInt8>, into out: UnsafeMutableBufferPointer<UInt8>,
+                               at start: Int) -> Int {
+        var o = start
+        for byte in bytes {
             if isUnreserved(byte) {
-                out.append(byte)
+                out[o] = byte
+                o += 1
             } else {
-                out.append(UInt8(ascii: "%"))
-                out.append(hex[Int(byte >> 4)])
-                out.append(hex[Int(byte & 0x0F)])
+                out[o] = UInt8(ascii: "%")
+                out[o + 1] = hexDigit(byte >> 4)
+                out[o + 2] = hexDigit(byte & 0x0F)
+                o += 3
             }
         }
-        return String(decoding: out, as: UTF8.self)
+        return o
     }
 
     /// Replaces every `{query}` in `template` with `percentEncode(query)`.
@@ -45,32 +61,52 @@ public enum URLUtilities {
     public static func expandTemplate(_ template: String, query: String) throws(URLTemplateError)
         -> String
     {
-        let placeholder = Array("{query}".utf8)
-        let source = Array(template.utf8)
-        let encoded = Array(percentEncode(query).utf8)
-        var out: [UInt8] = []
-        out.reserveCapacity(source.count + encoded.count)
-        var found = false
-        var i = 0
-        while i < source.count {
-            if source[i] == placeholder[0], i + placeholder.count <= source.count,
-                source[i..<(i + placeholder.count)].elementsEqual(placeholder)
-            {
-                out.append(contentsOf: encoded)
-                i += placeholder.count
-                found = true
-            } else {
-                out.append(source[i])
-                i += 1
+        var template = template
+        var query = query
+        // Built in place: one allocation for the result, none per call besides
+        // (a search submit expands its endpoint's template every time).
+        let expanded: String? = template.withUTF8 { source in
+            query.withUTF8 { q in
+                let placeholder: (UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8) = (0x7B, 0x71, 0x75, 0x65, 0x72, 0x79, 0x7D)
+                func isPlaceholder(at i: Int) -> Bool {
+                    guard i + 7 <= source.count else { return false }
+                    return withUnsafeBytes(of: placeholder) { p in (0..<7).allSatisfy { source[i + $0] == p[$0] } }
+                }
+                var count = 0
+                var i = 0
+                while i < source.count {
+                    if source[i] == 0x7B && isPlaceholder(at: i) {
+                        count += 1
+                        i += 7
+                    } else {
+                        i += 1
+                    }
+                }
+                guard count > 0 else { return nil }
+                return String(unsafeUninitializedCapacity: source.count + count * max(0, q.count * 3 - 7)) { out in
+                    var o = 0
+                    var i = 0
+                    while i < source.count {
+                        if source[i] == 0x7B && isPlaceholder(at: i) {
+                            o = encode(q, into: out, at: o)
+                            i += 7
+                        } else {
+                            out[o] = source[i]
+                            o += 1
+                            i += 1
+                        }
+                    }
+                    return o
+                }
             }
         }
-        guard found else {
+        guard let expanded else {
             throw URLTemplateError(
                 template: template,
                 message: "endpoint template \(JSONPointer.quoted(template)) has no {query} "
                     + "placeholder")
         }
-        return String(decoding: out, as: UTF8.self)
+        return expanded
     }
 
     /// `name=value` pairs, both percent-encoded, joined with `&`, in the given order

@@ -13,7 +13,7 @@
 ///
 /// `@unchecked Sendable`: every field is guarded by the engine's lock.
 final class SharedTransfer: @unchecked Sendable {
-    let key: String
+    let key: CoalesceKey
     /// The operation running the transfer: the leading caller, or a carrier.
     var carrier: OpID = 0
     /// `carrier` is the leading caller (not an internal carrier).
@@ -29,7 +29,7 @@ final class SharedTransfer: @unchecked Sendable {
     /// The transfer ended: no more callers may attach.
     var done = false
 
-    init(key: String, priority: Priority, maxWaitMs: Int) {
+    init(key: CoalesceKey, priority: Priority, maxWaitMs: Int) {
         self.key = key
         self.priority = priority
         self.maxWaitMs = maxWaitMs
