@@ -211,6 +211,10 @@ CEILINGS = [
     ("P3", "P2-c8", "curlj2", "the curl+jansson client on 2 threads, 8 concurrent", "P3-c8", "anchor", "wrk", 0.5),
     ("P3", "P2-c64", "curlj2", "the curl+jansson client on 2 threads, 64 concurrent", "P3-c64", "anchor", "wrk",
      0.5),
+    ("P3", "P2-c8", "curlget2", "the same libcurl client on 2 threads without the parse (GET only), 8 concurrent",
+     "P3-c8", "anchor", "wrk", 0.5),
+    ("P3", "P2-c64", "curlget2", "the same libcurl client on 2 threads without the parse (GET only), 64 concurrent",
+     "P3-c64", "anchor", "wrk", 0.5),
     ("P7", "P7", "curlj2", "the curl+jansson client on 2 threads, GET + parse of a search response, 8 concurrent",
      "P7", "anchor", "URLSession design", 10.0),
 ]
@@ -301,8 +305,8 @@ def main() -> None:
     w("## Results")
     w("")
     w(f"Each benchmark ran as {meta['pairs']} rounds of alternating runs (anchor, fetchq, anchor, fetchq, …; "
-      "P2/P3 as curl+jansson, wrk, fetchq, fetchq inline, then the 2-thread client and fetchq with at most "
-      "2C requests in the engine (both below); P4 as aiohttp, httpx, fetchq; P7 as URLSession, "
+      "P2/P3 as curl+jansson, wrk, fetchq, fetchq inline, then the 2-thread client with and without the "
+      "parse and fetchq with at most 2C requests in the engine (all three below); P4 as aiohttp, httpx, fetchq; P7 as URLSession, "
       "curl+jansson, fetchq, fetchq inline), so slow phases of this shared "
       "machine hit both sides. Medians of the rounds; the ratio is fetchq's median over the anchor's "
       "(higher is better for fetchq); min–max over the rounds. P2 and P7 run fetchq twice: with the "
@@ -318,12 +322,20 @@ def main() -> None:
         w("")
     parse = values(recs, "parse", "info", lambda r: r["us_per_parse"])
     parse_s = values(recs, "parse-search", "info", lambda r: r["us_per_parse"])
+    build = values(recs, "parse", "info", lambda r: r.get("us_per_build"))
+    build_s = values(recs, "parse-search", "info", lambda r: r.get("us_per_build"))
     if parse:
         w(f"jansson alone (`bench/jansson_parse.c`, CPU time of `json_loadb` + `json_decref`): "
           f"{parse[0]:.1f} µs for the {meta['doc_bytes']}-byte document of P2–P4, i.e. at most "
           f"{1e6 / parse[0]:,.0f} parses per second per core"
           + (f"; {parse_s[0]:.1f} µs for a P7 search response ({1e6 / parse_s[0]:,.0f} per core)" if parse_s else "")
           + ". The machine has 2 cores, shared with nginx.")
+        if build and build[0] is not None:
+            w("")
+            w(f"fetchq builds the same jansson values without `json_loadb` (`fqs_json_build`, what the engine "
+              f"runs for a valid body; Findings, Fifteenth round): {build[0]:.1f} µs for the document of P2–P4"
+              + (f", {build_s[0]:.1f} µs for a P7 search response" if build_s and build_s[0] is not None else "")
+              + " (same program, same CPU-time measure; it checks that both give equal values).")
         w("")
     ceiling_rows = ceilings(recs)
     if len(ceiling_rows) > 2:
@@ -419,7 +431,8 @@ def main() -> None:
       "mutex, a condition variable, a FIFO of malloc'd tasks and 2 threads, each task counting as the "
       "anchor's block does. `curl_jansson_client ... 2` is the P2 anchor split over 2 threads, each with its own "
       "multi handle and half the connections; for P7 it fetches one search response (`/s/q1.json?i=N`) "
-      "like the P7+ row.")
+      "like the P7+ row. `curl_jansson_client ... - 2` is the same without the parse (a 200 with a body "
+      "counts): the most a libcurl client gets from these 2 cores, whatever it does with the body.")
     w("")
     md.extend(commands(recs, root))
     w("")

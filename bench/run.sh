@@ -63,7 +63,9 @@ build() {
         -Wl,-rpath,"$BUILD/lib" -o "$OUT/fq_bench"
     cc $cflags "$ROOT/bench/curl_jansson_client.c" -lcurl -ljansson -lpthread -o "$OUT/curl_jansson_client"
     cc $cflags "$ROOT/bench/bare_queue.c" -lpthread -o "$OUT/bare_queue"
-    cc $cflags "$ROOT/bench/jansson_parse.c" -ljansson -o "$OUT/jansson_parse"
+    cc $cflags -I"$ROOT/Sources/CFetchQSupport/include" "$ROOT/bench/jansson_parse.c" \
+        "$ROOT/Sources/CFetchQSupport/json_build.c" "$ROOT/Sources/CFetchQSupport/json_validate.c" -ljansson \
+        -o "$OUT/jansson_parse"
     log "building the Foundation anchors (bench/anchors, swift build -c release)"
     swift build -c release --package-path "$ROOT/bench/anchors" --scratch-path "$OUT/anchors" 2>&1 | tail -1 >&2
     ANCHORS=$(swift build -c release --package-path "$ROOT/bench/anchors" --scratch-path "$OUT/anchors" \
@@ -165,7 +167,7 @@ run_all() {
     record parse info 1 "$OUT/jansson_parse" "$TMP/www/doc.json" 20000
     record parse-search info 1 "$OUT/jansson_parse" "$TMP/www/s/q1.json" 20000
 
-    log "P2/P3: GET + JSON parse from nginx (rounds of: curl+jansson, wrk, fetchq, fetchq inline, curl+jansson on 2 threads, fetchq with at most 2C in the engine)"
+    log "P2/P3: GET + JSON parse from nginx (rounds of: curl+jansson, wrk, fetchq, fetchq inline, curl+jansson on 2 threads, curl on 2 threads without the parse, fetchq with at most 2C in the engine)"
     for c in 8 64; do
         for r in $(seq "$PAIRS"); do
             record "P2-c$c" anchor "$r" "$CURLJ" "$DOC_URL" "$P2_N" "$c"
@@ -174,6 +176,8 @@ run_all() {
             record "P2-c$c" fetchq-inline "$r" env "FQ_BENCH_CONFIG=$INLINE" "$FQ" p2 "$DOC_URL" "$P2_N" "$c"
             # The ceiling: the same C client on 2 threads (each a multi handle, C/2 connections).
             record "P2-c$c" curlj2 "$r" "$CURLJ" "$DOC_URL" "$P2_N" "$c" items 2
+            # The ceiling of any libcurl client (P3): the same, without the parse.
+            record "P2-c$c" curlget2 "$r" "$CURLJ" "$DOC_URL" "$P2_N" "$c" - 2
             # Steady-state latency: at most 2C requests in the engine at a time (the
             # runs above submit all N at once, so their queue wait is the backlog).
             # In every round, like the rest: one run alone can land in a slow phase.
