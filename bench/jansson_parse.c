@@ -2,7 +2,7 @@
  * jansson_parse — how long jansson takes to parse the benchmark document
  * (the floor under every client in P2-P4 that parses with jansson and hands
  * C a json_t), and how long fetchq's builder takes to make the same value
- * (fqs_json_build, Sources/CFetchQSupport/json_build.c, compiled in: what
+ * (fqs_json_build, Sources/CFetchQSupport/json_walk.c, compiled in: what
  * the engine runs for a valid body).
  *
  *   jansson_parse FILE N     N x (json_loadb + json_decref) of FILE, then

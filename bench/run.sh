@@ -64,7 +64,7 @@ build() {
     cc $cflags "$ROOT/bench/curl_jansson_client.c" -lcurl -ljansson -lpthread -o "$OUT/curl_jansson_client"
     cc $cflags "$ROOT/bench/bare_queue.c" -lpthread -o "$OUT/bare_queue"
     cc $cflags -I"$ROOT/Sources/CFetchQSupport/include" "$ROOT/bench/jansson_parse.c" \
-        "$ROOT/Sources/CFetchQSupport/json_build.c" "$ROOT/Sources/CFetchQSupport/json_validate.c" -ljansson \
+        "$ROOT/Sources/CFetchQSupport/json_walk.c" -ljansson \
         -o "$OUT/jansson_parse"
     log "building the Foundation anchors (bench/anchors, swift build -c release)"
     swift build -c release --package-path "$ROOT/bench/anchors" --scratch-path "$OUT/anchors" 2>&1 | tail -1 >&2

@@ -1,5 +1,5 @@
-/* Byte classes shared by the JSON validator (json_validate.c) and builder
- * (json_build.c). Private to CFetchQSupport. */
+/* Byte classes shared by the JSON walk (json_walk.c) and builder
+ * (json_builder.h). Private to CFetchQSupport. */
 #ifndef FQ_JSON_CHARS_H
 #define FQ_JSON_CHARS_H
 

@@ -5,7 +5,7 @@ import Testing
 
 @testable import FetchQ
 
-/// `fqs_json_build` (C, Sources/CFetchQSupport/json_build.c), which `JSONParser.parse`
+/// `fqs_json_build` (C, Sources/CFetchQSupport/json_walk.c and json_builder.h), which `JSONParser.parse`
 /// uses for valid input, against jansson's own parser: for every input, either both fail
 /// or both give the same tree — same types, same members in the same order, the same
 /// bytes in every string and the same bits in every real.

@@ -5,7 +5,7 @@ import Testing
 
 @testable import FetchQ
 
-/// `fqs_json_valid` (C, Sources/CFetchQSupport/json_validate.c) against the real thing:
+/// `fqs_json_valid` (C, Sources/CFetchQSupport/json_walk.c) against the real thing:
 /// for every input, the validator says 1 exactly when `JSONParser.parseWithJansson`
 /// (pre-scan plus jansson's `json_loadb`) succeeds.
 @Suite struct JSONValidatorTests {

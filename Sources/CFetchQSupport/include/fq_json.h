@@ -31,14 +31,15 @@ int fqs_json_prescan(const unsigned char *bytes, size_t len, long max_depth, lon
  * jansson 2.14's json_loadb with JSON_DECODE_ANY | JSON_ALLOW_NUL (strict
  * UTF-8, \u surrogate pairing, no \u0000 in object keys, integers within
  * int64, reals that do not overflow a double, its own nesting limit). See
- * json_validate.c for each rule. */
+ * json_walk.c for each rule. */
 int fqs_json_valid(const unsigned char *bytes, size_t len, long max_depth);
 
 /* The value JSONParser.parse(bytes, maxDepth: max_depth) gives, as a new
  * json_t reference (a `json_t *`; void here so that this header needs no
  * jansson), built without json_loadb; NULL when the input is not valid
  * (fqs_json_valid) or an allocation failed: then jansson must parse it,
- * for the value or for its error. See json_build.c. */
+ * for the value or for its error. Built during the same one walk that
+ * fqs_json_valid does: json_walk.c, json_builder.h. */
 void *fqs_json_build(const unsigned char *bytes, size_t len, long max_depth);
 
 #endif

@@ -75,7 +75,7 @@ public enum JSONParser {
     ///     too-deep text is reported as `.depth` even if it also has a syntax error.
     /// - Returns: a new value (one reference, owned by the returned ``JSONRef``).
     ///
-    /// Valid input is built by `fqs_json_build` (C, json_build.c), which makes the tree
+    /// Valid input is built by `fqs_json_build` (C, json_walk.c), which makes the tree
     /// jansson's parser makes, with the same calls, in about a quarter of the instructions;
     /// anything it declines (invalid input, an allocation that failed) goes to
     /// ``parseWithJansson(_:maxDepth:)`` for the value or for jansson's error.

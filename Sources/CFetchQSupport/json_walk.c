@@ -1,12 +1,24 @@
-/* fqs_json_valid: does JSONParser.parse accept these bytes? Answered in one
+/* The one walk over a JSON text that answers both of these:
+ *
+ * fqs_json_valid: does JSONParser.parse accept these bytes? Answered in one
  * pass with no allocation and no value built.
+ *
+ * fqs_json_build: the value JSONParser.parse returns, made during the same
+ * walk, without json_loadb. jansson's json_loadb spends most of its time in
+ * its lexer (it reads one byte at a time through a stream with a UTF-8
+ * check per byte, copies every token into a growing buffer and converts
+ * every number with strtoll or strtod): about 230 k instructions for a 1 KB
+ * search response, against about 55 k here (bench/findings.md, Fifteenth
+ * round). What building adds to the walk is in json_builder.h; the walk is
+ * inlined into each entry point, so checking alone pays nothing for it.
  *
  * JSONParser.parse is fqs_json_prescan (raw NUL, nesting past max_depth,
  * empty input) followed by jansson 2.14's json_loadb with JSON_DECODE_ANY |
- * JSON_ALLOW_NUL. This file is a strict RFC 8259 recogniser plus the places
+ * JSON_ALLOW_NUL. The walk is a strict RFC 8259 recogniser plus the places
  * where jansson is stricter than the RFC; every such rule is marked
  * "jansson:" below and was checked against the installed libjansson (see
- * Tests/FetchQTests/JSONValidatorTests.swift for the differential tests).
+ * Tests/FetchQTests/JSONValidatorTests.swift and JSONBuilderTests.swift for
+ * the differential tests: same verdict, and the same tree).
  *
  * Why the pre-scan needs no code of its own here: a raw NUL byte is never
  * valid in the grammar below (a control character inside a string, an
@@ -15,7 +27,9 @@
  * strings) is exactly the nesting of arrays and objects, which is counted
  * below. On input jansson rejects the answer is 0 whatever the pre-scan
  * says. */
+#define _GNU_SOURCE
 #include "fq_json.h"
+#include "json_builder.h"
 #include "json_chars.h"
 
 #include <stdint.h>
@@ -87,8 +101,10 @@ static const unsigned char *scan_utf8(const unsigned char *p, const unsigned cha
  * Then, decoding: a \u high surrogate (D800-DBFF) must be immediately
  * followed by \u and a low surrogate (DC00-DFFF); a low surrogate on its own
  * is an error. \u0000 is accepted in values (JSON_ALLOW_NUL) but an object
- * key containing it is rejected (json_error_null_byte_in_key). */
-static const unsigned char *scan_string(const unsigned char *p, const unsigned char *end, int is_key) {
+ * key containing it is rejected (json_error_null_byte_in_key). Sets
+ * *escaped when the body has a backslash. */
+static inline const unsigned char *scan_string(const unsigned char *p, const unsigned char *end, int is_key,
+                                                 int *escaped) {
     for (;;) { /* every round consumes at least one byte, or returns */
 #if defined(__SSE2__)
         /* Skip 16 ordinary bytes at a time. As signed bytes, "< 0x20" catches
@@ -116,6 +132,7 @@ static const unsigned char *scan_string(const unsigned char *p, const unsigned c
 #endif
         if (*p == '"') return p + 1;
         if (*p == '\\') {
+            *escaped = 1;
             p++;
             if (p == end) return NULL;
             switch (*p) {
@@ -281,7 +298,12 @@ static inline int literal_at(const unsigned char *p, const unsigned char *end, c
     return (size_t)(end - p) >= len && memcmp(p, word, len) == 0;
 }
 
-int fqs_json_valid(const unsigned char *bytes, size_t len, long max_depth) {
+/* The walk: 1 when JSONParser.parse accepts the bytes. With a builder it
+ * also makes the value (b->root, also the part made so far when it fails;
+ * it fails too when an allocation fails); b is a constant in each caller,
+ * where this is inlined. */
+static inline __attribute__((always_inline)) int walk(const unsigned char *bytes, size_t len, long max_depth,
+                                                      fqs_builder *b) {
     if (bytes == NULL || len == 0) return 0; /* the pre-scan: no value at all */
     const unsigned char *p = bytes;
     const unsigned char *end = bytes + len;
@@ -308,58 +330,65 @@ value:
     if (depth >= FQS_JANSSON_MAX_DEPTH) return 0; /* jansson's depth 2049 */
     switch (*p) {
     case '{':
+    case '[': {
+        int object = *p == '{';
         if (depth >= limit) return 0;
-        in_object[depth / 8] |= (unsigned char)(1u << (depth % 8));
+        unsigned char bit = (unsigned char)(1u << (depth % 8));
+        in_object[depth / 8] = (unsigned char)(object ? in_object[depth / 8] | bit : in_object[depth / 8] & ~bit);
         depth++;
+        if (b && !builder_open(b, object)) return 0;
         p = skip_ws(p + 1, end);
         if (p == end) return 0;
-        if (*p == '}') {
+        if (*p == (object ? '}' : ']')) {
             p++;
             depth--;
+            if (b) builder_close(b);
             goto after_value;
         }
-        goto key;
-    case '[':
-        if (depth >= limit) return 0;
-        in_object[depth / 8] &= (unsigned char)~(1u << (depth % 8));
-        depth++;
-        p = skip_ws(p + 1, end);
-        if (p == end) return 0;
-        if (*p == ']') {
-            p++;
-            depth--;
-            goto after_value;
-        }
+        if (object) goto key;
         goto value;
-    case '"':
-        p = scan_string(p + 1, end, 0);
+    }
+    case '"': {
+        const unsigned char *start = p + 1;
+        int escaped = 0;
+        p = scan_string(start, end, 0, &escaped);
         if (!p) return 0;
+        if (b && !builder_string(b, start, p - 1, escaped)) return 0;
         goto after_value;
+    }
     case 't':
-        if (!literal_at(p, end, "true", 4)) return 0;
-        p += 4;
-        goto after_value;
     case 'f':
-        if (!literal_at(p, end, "false", 5)) return 0;
-        p += 5;
+    case 'n': {
+        static const char *const words[] = {"true", "false", "null"};
+        int which = *p == 't' ? 0 : *p == 'f' ? 1 : 2;
+        size_t n = which == 1 ? 5 : 4;
+        if (!literal_at(p, end, words[which], n)) return 0;
+        p += n;
+        if (b && !builder_put(b, which == 0 ? json_true() : which == 1 ? json_false() : json_null())) return 0;
         goto after_value;
-    case 'n':
-        if (!literal_at(p, end, "null", 4)) return 0;
-        p += 4;
-        goto after_value;
+    }
     case '-': case '0': case '1': case '2': case '3': case '4':
     case '5': case '6': case '7': case '8': case '9':
+    {
+        const unsigned char *start = p;
         p = scan_number(p, end);
         if (!p) return 0;
+        if (b && !builder_number(b, start, p)) return 0;
         goto after_value;
+    }
     default:
         return 0;
     }
 
 key: /* p is at a non-whitespace byte where an object key must start */
     if (*p != '"') return 0;
-    p = scan_string(p + 1, end, 1);
-    if (!p) return 0;
+    {
+        const unsigned char *start = p + 1;
+        int escaped = 0;
+        p = scan_string(start, end, 1, &escaped);
+        if (!p) return 0;
+        if (b && !builder_key(b, start, p - 1, escaped)) return 0;
+    }
     p = skip_ws(p, end);
     if (p == end || *p != ':') return 0;
     p++;
@@ -385,5 +414,20 @@ after_value:
     }
     p++;
     depth--;
+    if (b) builder_close(b);
     goto after_value;
+}
+
+int fqs_json_valid(const unsigned char *bytes, size_t len, long max_depth) {
+    return walk(bytes, len, max_depth, NULL);
+}
+
+void *fqs_json_build(const unsigned char *bytes, size_t len, long max_depth) {
+    fqs_builder b;
+    builder_init(&b);
+    int ok = walk(bytes, len, max_depth, &b);
+    builder_release(&b);
+    if (ok) return b.root;
+    json_decref(b.root); /* NULL-safe: frees the part made so far */
+    return NULL;
 }
