@@ -1,5 +1,6 @@
 import CJansson
 import FetchQ
+import Glibc
 
 /// Target (c): a response body through the engine's response path: JSONParser.parse
 /// with the default depth limit, then for a search the results array by JSON Pointer,
@@ -72,6 +73,16 @@ public enum ResponseTarget {
 
     /// A parsed document: within the depth limit, and its encoding parses back equal.
     static func checkParsed(_ doc: JSONRef, _ data: UnsafeRawBufferPointer) {
+        // JSONParser.parse builds valid input itself (fqs_json_build): the tree must be
+        // jansson's own, key order, types and every double's bits included.
+        var error = json_error_t()
+        let reference = JSONRef(owned: json_loadb(data.baseAddress?.assumingMemoryBound(to: CChar.self), data.count,
+                                                  Int(JSON_DECODE_ANY) | Int(JSON_ALLOW_NUL), &error))
+        require(reference != nil, "parsed what json_loadb rejects")
+        if let reference {
+            require(json_equal(doc.pointer, reference.pointer) == 1, "the built tree is not json_equal to jansson's")
+            require(exactText(doc) == exactText(reference), "the built tree differs from jansson's (order or bits)")
+        }
         let d = depth(of: doc.pointer)
         require(d <= defaultDepth, "parsed a document of depth \(d) with maxDepth \(defaultDepth)")
         if d > 0 {
@@ -86,6 +97,14 @@ public enum ResponseTarget {
             return
         }
         require(back.isEqual(to: doc), "a parsed document does not round-trip through its encoding")
+    }
+
+    /// Text that tells apart key order, integers from reals and any two doubles.
+    static func exactText(_ value: JSONRef) -> String? {
+        let flags = Int(JSON_ENCODE_ANY) | Int(JSON_COMPACT) | (17 << 11)  // JSON_REAL_PRECISION(17)
+        guard let text = json_dumps(value.pointer, flags) else { return nil }
+        defer { free(text) }
+        return String(cString: text)
     }
 
     /// A rejected body: a located, non-empty message; `.depth` only when nesting (counted
