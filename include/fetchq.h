@@ -438,7 +438,7 @@ fq_op_id fq_submit_async(fq_queue *queue, fq_async_fn fn, const json_t *options,
  * but its value is built only when fq_result_value() is first called on the
  * result (by the callback, or by a dependent reading its dependency): for
  * callers that read the body themselves and rarely the value, it saves
- * jansson's parse (the check is much cheaper; fq_result_has_value() says
+ * building the value (the check is cheaper; fq_result_has_value() says
  * whether there is a value); "accept_status": statuses that count as success
  * besides 2xx, as numbers (404) or classes ("4xx"). Any other status ends
  * FQ_FAILED with FQ_ERR_HTTP; status, headers, body (and value, if it

@@ -87,8 +87,9 @@ _tls = _Local()
 #
 # The value of a request that SUCCEEDED is never kept as a json_t: the
 # library documents it as "a parsed response", and libfetchq parses the body
-# it hands out with jansson's json_loadb(JSON_DECODE_ANY | JSON_ALLOW_NUL)
-# after rejecting raw NUL bytes. Everything jansson accepts that way, Python's
+# it hands out to exactly the value jansson's json_loadb(JSON_DECODE_ANY |
+# JSON_ALLOW_NUL) gives after rejecting raw NUL bytes (it builds valid input
+# itself, tested against jansson). Everything jansson accepts that way, Python's
 # json.loads reads to the same value from the same bytes (integers are within
 # int64, reals finite doubles, strings valid UTF-8 without lone surrogates,
 # duplicate keys: the last wins in both, in the first key's place), so
