@@ -35,3 +35,20 @@ def test_uncommitted_changes_at_measuring_time_are_said():
 def test_results_from_before_the_commit_was_recorded_fall_back_to_head():
     line = fetchq_line({})
     assert f"(commit {HEAD}" in line
+
+
+def _rec(id_, side, rate):
+    return {"id": id_, "side": side, "result": {"rate": rate}}
+
+
+def test_a_ceiling_that_skips_the_parse_gives_no_verdict_on_the_goal():
+    # P3 at 8 concurrent: wrk 100 k; the parsing client 25 k (0.25x: no);
+    # the GET-only client 60 k (0.6x: above the goal, but not P3's work).
+    recs = [_rec("P3-c8", "anchor", 100_000), _rec("P2-c8", "curlj2", 25_000),
+            _rec("P2-c8", "curlget2", 60_000), _rec("P2-c8", "fetchq", 27_000)]
+    rows = [line for line in report.ceilings(recs) if line.startswith("| P3 ")]
+    assert len(rows) == 2
+    parse, get_only = rows
+    assert "0.25× wrk" in parse and "| **no** |" in parse and parse.endswith("| 1.08× |")
+    assert "0.60× wrk" in get_only and "| yes, without the parse, which P3 includes |" in get_only
+    assert get_only.endswith("| — |")
