@@ -6,6 +6,17 @@ import Logging
 // Network operations: the HTTP cache, the transfer, retries, shared transfers.
 
 extension Engine {
+    /// With the lock held, as a network operation's start is resolved: its
+    /// attempt's bookkeeping (the attempt number travels with the transfer to
+    /// `transferEnded`). Done here rather than by `startTransfer`, which
+    /// would take the lock once more per transfer: the two transfer threads
+    /// met on it there (P7, bench/findings.md, Fifteenth round).
+    func bookAttempt(_ op: Operation) -> Work {
+        if op.startedAt == 0 { op.startedAt = monotonicNanos() }
+        op.attempts += 1
+        return .startTransfer(op, attempt: op.attempts, transports: transports)
+    }
+
     /// What the HTTP cache contributed to a transfer.
     struct CacheContext: Sendable {
         var key: String
@@ -14,16 +25,12 @@ extension Engine {
         var entry: HTTPCache.Entry?
     }
 
-    func startTransfer(_ op: Operation, _ job: NetworkJob) {
+    /// Starts an attempt of a network operation. `attempt` and `existing`
+    /// (the transports made so far) were booked under the engine lock by
+    /// `bookAttempt`, when its start was resolved.
+    func startTransfer(_ op: Operation, _ job: NetworkJob, attempt: Int, existing: [CurlTransport]) {
         var job = job
         var cacheContext: CacheContext? = nil
-        // One lock round trip for the attempt's bookkeeping (the attempt
-        // number travels with the transfer to `transferEnded`).
-        let (attempt, existing): (Int, [CurlTransport]) = lock.withLock {
-            if op.startedAt == 0 { op.startedAt = monotonicNanos() }
-            op.attempts += 1
-            return (op.attempts, transports)
-        }
         if let cache = httpCache, let key = job.cacheKey, attempt == 1 {
             let control = job.request.headers.first { TransportText.equalsIgnoringASCIICase($0.name, "cache-control") }?.value
             var context = CacheContext(key: key, requestCacheControl: control)

@@ -293,7 +293,10 @@ public final class Engine: @unchecked Sendable {
     // MARK: - Carrying out the state machine's actions
 
     enum Work {
+        /// A block or async operation.
         case start(Operation)
+        /// A network operation, its attempt booked (`bookAttempt`).
+        case startTransfer(Operation, attempt: Int, transports: [CurlTransport])
         case abort(CurlTransport, TransferID)
         /// Something is due later (a rate-limit token): re-arm the timer.
         case kickTimer
@@ -365,7 +368,9 @@ public final class Engine: @unchecked Sendable {
                             value: nil)
                     }
                 }
-                if let pickup, work.isEmpty, pickup.pointee == nil, !network {
+                if network {
+                    work.append(bookAttempt(owner.takeUnretainedValue()))
+                } else if let pickup, work.isEmpty, pickup.pointee == nil {
                     pickup.pointee = owner
                 } else {
                     work.append(.start(owner.takeUnretainedValue()))
@@ -605,10 +610,14 @@ public final class Engine: @unchecked Sendable {
         }
         for item in work {
             switch item {
-            case .start(let op):
+            case .startTransfer(let op, let attempt, let existing):
                 if case .network(let job) = op.body {
-                    startTransfer(op, job)
-                } else if selfPickup && workers.isIdle {
+                    startTransfer(op, job, attempt: attempt, existing: existing)
+                } else {  // cannot happen: only network operations have a host
+                    workers.submit(qos: op.qos, wake: true, job: .run(op))
+                }
+            case .start(let op):
+                if selfPickup && workers.isIdle {
                     next = op
                     selfPickup = false
                 } else {
