@@ -7,8 +7,8 @@
  * walk, without json_loadb. jansson's json_loadb spends most of its time in
  * its lexer (it reads one byte at a time through a stream with a UTF-8
  * check per byte, copies every token into a growing buffer and converts
- * every number with strtoll or strtod): about 230 k instructions for a 1 KB
- * search response, against about 55 k here (bench/findings.md, Fifteenth
+ * every number with strtoll or strtod): about 204 k instructions for a 1 KB
+ * search response, against about 46 k here (bench/findings.md, Fifteenth
  * round). What building adds to the walk is in json_builder.h; the walk is
  * inlined into each entry point, so checking alone pays nothing for it.
  *
