@@ -73,15 +73,6 @@ static char *scratch_reserve(fqs_scratch *s, size_t n) {
     return grown;
 }
 
-static inline unsigned hex_value(const unsigned char *p) {
-    unsigned v = 0;
-    for (int i = 0; i < 4; i++) {
-        unsigned c = p[i];
-        v = v * 16 + (is_digit((unsigned char)c) ? c - '0' : (c | 0x20) - 'a' + 10);
-    }
-    return v;
-}
-
 /* The bytes of the string body [p, end) (between the quotes, checked) with
  * its escapes decoded, into buf; NULL if the buffer could not grow. No
  * decoded form is longer than its escape (\uXXXX is 6 bytes for at most 3,
@@ -106,10 +97,10 @@ static char *decode_string(const unsigned char *p, const unsigned char *end, fqs
         case 'r': *o++ = '\r'; break;
         case 't': *o++ = '\t'; break;
         case 'u': {
-            unsigned cp = hex_value(p);
+            unsigned cp = (unsigned)hex4(p, end); /* checked: four hex digits */
             p += 4;
             if (cp >= 0xD800 && cp <= 0xDBFF) { /* checked: \uDC00-\uDFFF follows */
-                unsigned low = hex_value(p + 2);
+                unsigned low = (unsigned)hex4(p + 2, end);
                 p += 6;
                 cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
             }

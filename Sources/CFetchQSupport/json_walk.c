@@ -40,25 +40,6 @@
 #endif
 
 
-/* The value of four hex digits (any case) at p, or -1. */
-static long hex4(const unsigned char *p, const unsigned char *end) {
-    if (end - p < 4) return -1;
-    long v = 0;
-    for (int i = 0; i < 4; i++) {
-        unsigned char c = p[i];
-        int d;
-        if (is_digit(c)) {
-            d = c - '0';
-        } else {
-            c |= 0x20; /* 'A'-'F' -> 'a'-'f'; no other byte lands in 'a'-'f' */
-            if (c < 'a' || c > 'f') return -1;
-            d = c - 'a' + 10;
-        }
-        v = v * 16 + d;
-    }
-    return v;
-}
-
 /* One UTF-8 sequence starting with the byte p[0] >= 0x80; returns the
  * position after it, or NULL.
  * jansson (stream_get, utf8_check_first/utf8_check_full) checks every byte

@@ -12,9 +12,10 @@ extension Engine {
     /// would take the lock once more per transfer: the two transfer threads
     /// met on it there (P7, bench/findings.md, Fifteenth round).
     func bookAttempt(_ op: Operation) -> Work {
+        guard case .network(let job) = op.body else { return .start(op) }
         if op.startedAt == 0 { op.startedAt = monotonicNanos() }
         op.attempts += 1
-        return .startTransfer(op, attempt: op.attempts, transports: transports)
+        return .startTransfer(op, job, attempt: op.attempts, transports: transports)
     }
 
     /// What the HTTP cache contributed to a transfer.

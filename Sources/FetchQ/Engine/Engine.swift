@@ -296,7 +296,7 @@ public final class Engine: @unchecked Sendable {
         /// A block or async operation.
         case start(Operation)
         /// A network operation, its attempt booked (`bookAttempt`).
-        case startTransfer(Operation, attempt: Int, transports: [CurlTransport])
+        case startTransfer(Operation, NetworkJob, attempt: Int, transports: [CurlTransport])
         case abort(CurlTransport, TransferID)
         /// Something is due later (a rate-limit token): re-arm the timer.
         case kickTimer
@@ -610,12 +610,8 @@ public final class Engine: @unchecked Sendable {
         }
         for item in work {
             switch item {
-            case .startTransfer(let op, let attempt, let existing):
-                if case .network(let job) = op.body {
-                    startTransfer(op, job, attempt: attempt, existing: existing)
-                } else {  // cannot happen: only network operations have a host
-                    workers.submit(qos: op.qos, wake: true, job: .run(op))
-                }
+            case .startTransfer(let op, let job, let attempt, let existing):
+                startTransfer(op, job, attempt: attempt, existing: existing)
             case .start(let op):
                 if selfPickup && workers.isIdle {
                     next = op

@@ -53,6 +53,9 @@ public enum URLUtilities {
         return o
     }
 
+    /// "{query}" (made once).
+    private static let placeholder = Array("{query}".utf8)
+
     /// Replaces every `{query}` in `template` with `percentEncode(query)`.
     ///
     /// The match is on exact bytes (no Unicode normalization); the rest of the template is
@@ -67,15 +70,13 @@ public enum URLUtilities {
         // (a search submit expands its endpoint's template every time).
         let expanded: String? = template.withUTF8 { source in
             query.withUTF8 { q in
-                let placeholder: (UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8) = (0x7B, 0x71, 0x75, 0x65, 0x72, 0x79, 0x7D)
                 func isPlaceholder(at i: Int) -> Bool {
-                    guard i + 7 <= source.count else { return false }
-                    return withUnsafeBytes(of: placeholder) { p in (0..<7).allSatisfy { source[i + $0] == p[$0] } }
+                    i + 7 <= source.count && source[i..<(i + 7)].elementsEqual(placeholder)
                 }
                 var count = 0
                 var i = 0
                 while i < source.count {
-                    if source[i] == 0x7B && isPlaceholder(at: i) {
+                    if isPlaceholder(at: i) {
                         count += 1
                         i += 7
                     } else {
@@ -87,7 +88,7 @@ public enum URLUtilities {
                     var o = 0
                     var i = 0
                     while i < source.count {
-                        if source[i] == 0x7B && isPlaceholder(at: i) {
+                        if isPlaceholder(at: i) {
                             o = encode(q, into: out, at: o)
                             i += 7
                         } else {
