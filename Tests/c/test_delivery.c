@@ -137,6 +137,71 @@ TEST(inline_callbacks_serialized_ordered_exactly_once) {
     many = NULL;
 }
 
+/* An operation that ends on another worker while an inline callback runs
+ * finds that callback running: its own callback waits, and the thread that
+ * is running callbacks runs it next (not the delivery thread, which nobody
+ * wakes for it, nor the worker that ran its body). X's callback runs inline
+ * on X's worker and returns only once Y has succeeded; Y's body, on the
+ * other worker, ends only once X's callback has started. */
+static struct {
+    fq_engine *e;
+    pthread_t x_body, y_body, x_callback, y_callback;
+    atomic_int x_callback_started, x_calls, y_calls;
+    atomic_int y_ended_during_x; /* X's callback saw Y succeed */
+    atomic_int y_waited;         /* Y's body saw X's callback start */
+    int y_outcome;
+} drain;
+
+static json_t *drain_x_body(fq_op *op, void *userdata) {
+    (void)op, (void)userdata;
+    drain.x_body = pthread_self();
+    return NULL;
+}
+
+static json_t *drain_y_body(fq_op *op, void *userdata) {
+    (void)op, (void)userdata;
+    drain.y_body = pthread_self();
+    atomic_store(&drain.y_waited, WAIT_UNTIL(atomic_load(&drain.x_callback_started), FQT_LONG_MS));
+    return NULL;
+}
+
+static void drain_x_done(const fq_result *res, void *userdata) {
+    (void)res, (void)userdata;
+    drain.x_callback = pthread_self();
+    atomic_fetch_add(&drain.x_calls, 1);
+    atomic_store(&drain.x_callback_started, 1);
+    /* "succeeded" counts Y under the engine lock that also posts its
+     * completion: once it reads 2, Y's callback is waiting. */
+    atomic_store(&drain.y_ended_during_x, WAIT_UNTIL(fqt_stat(drain.e, "succeeded", -1) >= 2, FQT_LONG_MS));
+}
+
+static void drain_y_done(const fq_result *res, void *userdata) {
+    (void)userdata;
+    drain.y_outcome = fq_result_outcome(res);
+    drain.y_callback = pthread_self();
+    atomic_fetch_add(&drain.y_calls, 1);
+}
+
+TEST(inline_thread_runs_callbacks_posted_meanwhile) {
+    memset(&drain, 0, sizeof drain);
+    drain.e = fqt_engine("{\"delivery\": \"inline\", \"workers\": 2}");
+    fq_queue *q = fqt_queue(drain.e, "q", 2);
+    REQUIRE(fqt_block(q, drain_x_body, NULL, drain_x_done, NULL) > 0);
+    REQUIRE(fqt_block(q, drain_y_body, NULL, drain_y_done, NULL) > 0);
+    CHECK_OK(fq_engine_wait_idle(drain.e, FQT_LONG_MS));
+    CHECK_EQ_INT(atomic_load(&drain.x_calls), 1);
+    CHECK_EQ_INT(atomic_load(&drain.y_calls), 1);
+    CHECK_EQ_INT(drain.y_outcome, FQ_SUCCEEDED);
+    CHECK_EQ_INT(atomic_load(&drain.y_waited), 1);
+    CHECK_EQ_INT(atomic_load(&drain.y_ended_during_x), 1);
+    /* X's callback ran inline on X's worker; Y ran on the other worker */
+    CHECK(pthread_equal(drain.x_callback, drain.x_body) != 0);
+    CHECK(pthread_equal(drain.y_body, drain.x_body) == 0);
+    /* Y's callback ran after X's, on the same thread */
+    CHECK(pthread_equal(drain.y_callback, drain.x_body) != 0);
+    fqt_engine_free(drain.e);
+}
+
 /* Reentrant calls from an inline callback (it runs on a worker): the waits
  * and fq_engine_free refuse with FQ_ERR_STATE, submitting works. */
 typedef struct {

@@ -14,7 +14,9 @@ public enum DeliveryMode: Sendable { case thread, inline, poll }
 /// Inline mode keeps the delivery thread's order and one-at-a-time rule but
 /// lets the worker that ended an operation run the callbacks itself when
 /// nothing waits and no callback runs (`claimInline`/`runInline`), which
-/// saves the hand-off to the delivery thread and waking it.
+/// saves the hand-off to the delivery thread and waking it. A thread running
+/// callbacks (inline or the delivery thread) also runs those posted
+/// meanwhile, so nobody wakes the delivery thread for them.
 ///
 /// On a busy engine the delivery thread does not sleep between batches: it
 /// naps for `napNanos` and nobody wakes it meanwhile (see `run`), so a
@@ -81,14 +83,15 @@ final class Delivery: @unchecked Sendable {
     }
 
     /// Queues an item. Only the first item of a batch wakes the consumer,
-    /// and not while it naps: the delivery thread takes everything waiting
-    /// when it wakes, so signalling for every item only paid for futex calls.
+    /// and not while it naps nor while callbacks run: the delivery thread
+    /// takes everything waiting when it wakes, and whoever runs callbacks
+    /// looks for more before it stops (`run`, `runInline`).
     func post(_ item: consuming Item) {
         lock.lock()
         let wasEmpty = items.isEmpty
         items.append(item)
         if mode == .poll && wasEmpty { signalFD() }
-        let wake = mode != .poll && wasEmpty && !napping
+        let wake = mode != .poll && wasEmpty && !napping && !running
         lock.unlock()
         if wake { lock.signal() }
     }
@@ -100,7 +103,7 @@ final class Delivery: @unchecked Sendable {
         let wasEmpty = items.isEmpty
         for item in batch { items.append(item) }
         if mode == .poll && wasEmpty { signalFD() }
-        let wake = mode != .poll && wasEmpty && !napping
+        let wake = mode != .poll && wasEmpty && !napping && !running
         lock.unlock()
         if wake { lock.signal() }
     }
@@ -124,6 +127,18 @@ final class Delivery: @unchecked Sendable {
         case .event(let event, let handler):
             handler(event)
             return nil
+        }
+    }
+
+    /// Runs a batch's callbacks in order, then reports the batch once.
+    /// `queues` is scratch space, left empty.
+    private func callAll(_ batch: [Item], _ queues: inout [QueueID]) {
+        for item in batch {
+            if let queue = call(item) { queues.append(queue) }
+        }
+        if !queues.isEmpty {
+            delivered(queues)
+            queues.removeAll(keepingCapacity: true)
         }
     }
 
@@ -158,12 +173,8 @@ final class Delivery: @unchecked Sendable {
             items.takeAll(into: &batch)
             running = true
             lock.unlock()
-            for item in batch {
-                if let queue = call(item) { queues.append(queue) }
-            }
+            callAll(batch, &queues)
             batch.removeAll(keepingCapacity: batch.capacity <= 4096)
-            if !queues.isEmpty { delivered(queues) }
-            queues.removeAll(keepingCapacity: true)
             lock.withLock { running = false }
         }
     }
@@ -181,19 +192,38 @@ final class Delivery: @unchecked Sendable {
         return true
     }
 
-    /// Runs a claimed batch on the calling thread, then lets the delivery
-    /// thread go on with what was posted meanwhile.
+    /// How many more batches a thread that ran an inline batch takes from
+    /// what was posted meanwhile before it leaves the rest to the delivery
+    /// thread (a transfer thread's other transfers wait meanwhile).
+    static let inlineRounds = 4
+
+    /// Runs a claimed batch on the calling thread, then what was posted
+    /// meanwhile (callbacks of operations that ended on other threads, which
+    /// found this batch running), for up to `inlineRounds` more batches; then
+    /// lets the delivery thread go on with anything left. Waking the
+    /// delivery thread for those was a futex call and two context switches
+    /// per callback on a busy engine with two transfer threads
+    /// (bench/findings.md, Sixteenth round).
     func runInline(_ batch: [Item]) {
         var queues: [QueueID] = []
-        for item in batch {
-            if let queue = call(item) { queues.append(queue) }
+        callAll(batch, &queues)
+        var more: [Item] = []
+        var rounds = 0
+        while true {
+            lock.lock()
+            if items.isEmpty || stopping || rounds == Self.inlineRounds {
+                running = false
+                let wake = !items.isEmpty || stopping
+                lock.unlock()
+                if wake { lock.broadcast() }
+                return
+            }
+            items.takeAll(into: &more)
+            lock.unlock()
+            rounds += 1
+            callAll(more, &queues)
+            more = []  // empty again: the next `takeAll` hands over its buffer
         }
-        if !queues.isEmpty { delivered(queues) }
-        let wake = lock.withLock {
-            running = false
-            return !items.isEmpty || stopping
-        }
-        if wake { lock.broadcast() }
     }
 
     /// Poll mode: runs up to `max` waiting callbacks (all if max <= 0) on the
@@ -210,10 +240,7 @@ final class Delivery: @unchecked Sendable {
             if items.isEmpty { drainFD() }
         }
         var queues: [QueueID] = []
-        for item in batch {
-            if let queue = call(item) { queues.append(queue) }
-        }
-        if !queues.isEmpty { delivered(queues) }
+        callAll(batch, &queues)
         return batch.count
     }
 
