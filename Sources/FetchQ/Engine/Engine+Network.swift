@@ -128,8 +128,11 @@ extension Engine {
                 transferEnded(op, job, outcome, attempts: attempt, cache: cacheContext)
             }
         }
-        // A cancel that arrived before the transfer id was known aborts it now.
-        let cancelledMeanwhile = lock.withLock {
+        // A cancel that arrived before the transfer id was known aborts it
+        // now. Published under `transferLock` alone: a cancel marks the
+        // operation before it looks for the id under that lock, so one of
+        // the two sees the other (both may abort: the second is ignored).
+        let cancelledMeanwhile = transferLock.withLock {
             // (To the carrier that took it over, if the leading caller of a
             // shared transfer was cancelled meanwhile: it goes on.)
             let runner = op.handedTo ?? op
@@ -205,7 +208,7 @@ extension Engine {
            let delay = job.retry.delay(after: outcome, attempt: attempts, method: job.request.method, now: wallClockSeconds()) {
             lock.lock()
             if machine.state(of: op.id) == .running && !op.isCancelled {
-                op.transfer = nil
+                transferLock.withLock { op.transfer = nil }
                 let now = monotonicNanos()
                 let work = resolve(machine.retryLater(op.id, until: now + UInt64(delay * 1e9), now: now))
                 lock.unlock()

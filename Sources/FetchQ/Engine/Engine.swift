@@ -26,6 +26,13 @@ public final class Engine: @unchecked Sendable {
     public let logger: Logger
     let logSink = LogSink()
     let lock = ConditionLock()
+    /// Guards network operations' `transfer`, `transport` and `handedTo`,
+    /// taken inside `lock` by those who change or read them under it, and
+    /// alone by the thread that publishes a started transfer's id
+    /// (`startTransfer`). Publishing under `lock` made the two transfer
+    /// threads meet there a second time per transfer (bench/findings.md,
+    /// Sixteenth round).
+    let transferLock = ConditionLock()
     var machine: Machine
     var queues: [QueueID: Queue] = [:]
     /// Operations submitted whose callback has not returned yet (its own
@@ -411,7 +418,9 @@ public final class Engine: @unchecked Sendable {
                     op.leads = nil
                     if handOver(op, shared, &actions, &work) { continue }
                 }
+                transferLock.lock()
                 if let transfer = op.transfer, let transport = op.transport { work.append(.abort(transport, transfer)) }
+                transferLock.unlock()
             }
         }
         if machine.waitsForTokens { work.append(.kickTimer) }
@@ -519,9 +528,13 @@ public final class Engine: @unchecked Sendable {
         carrier.carries = shared
         carrier.startedAt = leader.startedAt
         carrier.attempts = leader.attempts
-        carrier.transfer = leader.transfer
-        carrier.transport = leader.transport
-        leader.handedTo = carrier
+        transferLock.withLock {
+            // One step for `startTransfer`'s publishing: it gives the id to
+            // the carrier, or the carrier gets the id it gave the leader.
+            carrier.transfer = leader.transfer
+            carrier.transport = leader.transport
+            leader.handedTo = carrier
+        }
         machine.setOwner(carrier, of: id)
         shared.carrier = id
         let result = OperationResult(id: leader.id, outcome: .cancelled, status: .cancelled, reason: .cancelled)

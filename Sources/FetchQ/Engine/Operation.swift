@@ -84,8 +84,8 @@ public final class Operation: @unchecked Sendable {
     /// memory traffic).
     private let net: NetworkState?
 
-    /// Network operations: when the transfer started, and its id (both
-    /// guarded by the engine's lock).
+    /// Network operations: when the transfer started (guarded by the
+    /// engine's lock), and its id (guarded by `Engine.transferLock`).
     var startedAt: UInt64 {
         get { net?.startedAt ?? 0 }
         set { net?.startedAt = newValue }
@@ -94,7 +94,7 @@ public final class Operation: @unchecked Sendable {
         get { net?.transfer }
         set { net?.transfer = newValue }
     }
-    /// The transport running `transfer` (guarded by the engine's lock).
+    /// The transport running `transfer` (guarded by `Engine.transferLock`).
     var transport: CurlTransport? {
         get { net?.transport }
         set { net?.transport = newValue }
@@ -126,7 +126,8 @@ public final class Operation: @unchecked Sendable {
         set { net?.leads = newValue }
     }
     /// A leading caller cancelled while its transfer ran for other callers:
-    /// the carrier that took the transfer over (guarded by the engine's lock).
+    /// the carrier that took the transfer over (written under the engine's
+    /// lock and `Engine.transferLock`, read under either).
     var handedTo: Operation? {
         get { net?.handedTo }
         set { net?.handedTo = newValue }
@@ -201,7 +202,8 @@ public final class Operation: @unchecked Sendable {
 }
 
 /// The fields of `Operation` that only a request or search uses (see
-/// there; guarded by the engine's lock).
+/// there: guarded by the engine's lock, and `transfer`, `transport` and
+/// `handedTo` by `Engine.transferLock`).
 final class NetworkState {
     var startedAt: UInt64 = 0
     var transfer: TransferID? = nil
