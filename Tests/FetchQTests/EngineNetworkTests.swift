@@ -220,6 +220,43 @@ import Testing
         #expect(arrivals == ["/echo?n=2", "/echo?n=4", "/echo?n=6", "/echo?n=3", "/echo?n=1", "/echo?n=5"])
     }
 
+    /// A parsed value goes back to the transfer thread that built it even
+    /// while that thread sleeps in curl_multi_poll, and is freed there when
+    /// it wakes (at least once a second): closing its release list for every
+    /// sleep left values to be freed on other threads, against its malloc
+    /// arena (bench/findings.md, Sixteenth round).
+    @Test func aValueDroppedWhileItsTransferThreadSleepsIsFreedThere() throws {
+        final class Slot: @unchecked Sendable {
+            let lock = ConditionLock()
+            var result: OperationResult?
+        }
+        // No history of values: the callback's result is the value's only holder.
+        try withEngine(#"{"history_values": 0}"#) { engine, queue, _ in
+            let slot = Slot()
+            let request = json(#"{"url": "\#(server.url("/json?size=200"))"}"#)
+            _ = try withExtendedLifetime(request) {
+                try engine.submitRequest(request.pointer, to: queue, options: nil) { result in
+                    slot.lock.withLock { slot.result = result }
+                }
+            }
+            #expect(engine.waitIdle(timeoutMs: 20_000) == .ok)
+            var result = slot.lock.withLock { slot.result.take() }
+            let raw = try #require(result?.value?.pointer)
+            json_incref(raw)  // ours, to watch the count
+            #expect(raw.pointee.refcount == 2)
+            usleep(100_000)  // the idle transfer thread is asleep in its poll by now
+            result = nil  // dropped on this thread: handed back, not freed here
+            #expect(raw.pointee.refcount == 2)
+            var freed = false
+            for _ in 0..<300 where !freed {  // the loop wakes within a second
+                usleep(10_000)
+                freed = raw.pointee.refcount == 1
+            }
+            #expect(freed)
+            json_decref(raw)
+        }
+    }
+
     @Test func cancelInFlightAbortsTheTransferAndClosesTheConnection() throws {
         try resetStats()
         try withEngine { engine, queue, c in

@@ -61,6 +61,24 @@ struct TransportLifecycleTests {
         #expect(transport.activeTransfers == 0)
     }
 
+    @Test("the loop reports its turns: a sleep when idle, and its exit once, last")
+    func loopTurns() throws {
+        let turns = TestCollector<LoopTurn>()
+        let transport = try CurlTransport(onTurn: { turns.add($0) })
+        #expect(try transport.perform(HTTPRequest(url: server.url("/json?size=10"))).get().status == 200)
+        var asleep = false
+        for _ in 0..<500 where !asleep {  // bounded: 5 s
+            usleep(10_000)
+            asleep = turns.all.last == .sleeping
+        }
+        #expect(asleep)
+        #expect(turns.all.contains(.woke))
+        #expect(!turns.all.contains(.exiting))
+        transport.shutdown()
+        #expect(turns.all.last == .exiting)
+        #expect(turns.all.filter { $0 == .exiting }.count == 1)
+    }
+
     // MARK: Connections
 
     @Test("20 sequential GETs reuse one connection")

@@ -73,18 +73,25 @@ extension Engine {
                     let ownerBits = UInt(bitPattern: owner)
                     for _ in 0..<config.transferThreads {
                         // Values parsed on the loop are freed by it (see
-                        // ReleaseList); it takes none back while it sleeps.
+                        // ReleaseList). It keeps taking them back while it
+                        // sleeps in curl_multi_poll, which it leaves at
+                        // least once a second, and frees them when it wakes:
+                        // closing the list for each sleep (several times per
+                        // transfer) left about half of them to be freed on
+                        // the other transfer thread, against this one's
+                        // malloc arena (bench/findings.md, Sixteenth round).
                         let releases = ReleaseList()
                         transports.append(try CurlTransport(onLoopThread: {
                             fqs_set_current_engine(UnsafeRawPointer(bitPattern: ownerBits))
                             releases.makeCurrent()
                             releases.open()
-                        }, onTurn: { sleeping in
-                            if sleeping {
-                                releases.close()
-                            } else {
+                        }, onTurn: { turn in
+                            switch turn {
+                            case .woke:
                                 releases.open()  // costs nothing when already open
                                 releases.drain()
+                            case .sleeping: releases.drain()
+                            case .exiting: releases.close()
                             }
                         }))
                     }

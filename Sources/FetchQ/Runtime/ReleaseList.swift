@@ -12,9 +12,12 @@ import Synchronization
 ///
 /// A result whose value was made on a worker remembers that worker's list;
 /// when the result goes away on any other thread, its value is handed back
-/// and the owner frees it after its current job. An owner that is asleep or
-/// gone takes nothing (`take` returns false and the caller frees the value
-/// itself), so nothing waits on a thread that may never run again.
+/// and the owner frees it after its current job. An owner that is closed
+/// takes nothing (`take` returns false and the caller frees the value
+/// itself), so nothing waits on a thread that may never run again: a worker
+/// closes its list before it sleeps (for as long as no job comes) and as it
+/// exits; a transfer thread only as it exits, as it never sleeps longer than
+/// its poll's timeout (see `Engine.startTransfer`).
 ///
 /// Response parts (`HTTPDetails`: the body, the header list, built headers
 /// and metrics) go back the same way, without the lock: a binding's thread
@@ -129,8 +132,8 @@ final class ReleaseList: @unchecked Sendable {
         accepting.store(true, ordering: .sequentiallyConsistent)
     }
 
-    /// On the owner, before it sleeps or exits: takes nothing more and frees
-    /// what it holds.
+    /// On the owner, before it sleeps for an unbounded time or exits: takes
+    /// nothing more and frees what it holds.
     func close() {
         guard isOpen else { return }
         isOpen = false

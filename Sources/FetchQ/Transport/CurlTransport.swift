@@ -34,7 +34,7 @@ package final class CurlTransport: HTTPTransport, @unchecked Sendable {
     /// - Parameter onLoopThread: runs first on the loop thread (the engine
     ///   records itself there, see fq_support.h).
     package init(maxTotalConnections: Int = 0, onLoopThread: (@Sendable () -> Void)? = nil,
-                 onTurn: (@Sendable (_ sleeping: Bool) -> Void)? = nil) throws(TransportError) {
+                 onTurn: (@Sendable (_ turn: LoopTurn) -> Void)? = nil) throws(TransportError) {
         let initCode = CurlGlobal.initResult
         guard initCode == CURLE_OK else {
             throw TransportError(
@@ -141,6 +141,17 @@ struct CurlStart {
     let rejection: TransportError?
 }
 
+/// Where a transport's loop thread is, for its `onTurn` callback.
+package enum LoopTurn: Sendable {
+    /// It has just woken (or started a new turn without sleeping).
+    case woke
+    /// It is about to sleep in curl_multi_poll, for at most
+    /// `CurlLoop.maxSleepMs`.
+    case sleeping
+    /// It is about to exit: nothing more runs on it.
+    case exiting
+}
+
 /// What callers hand to the loop thread.
 struct CurlInbox {
     var starts: [CurlStart] = []
@@ -179,9 +190,12 @@ final class CurlLoop: @unchecked Sendable {
 
     /// Set before the loop thread starts; run first on it.
     var onStart: (@Sendable () -> Void)?
-    /// Set before the loop thread starts; run on it after each turn, with
-    /// whether the loop is about to sleep (true) or has just woken (false).
-    var onTurn: (@Sendable (_ sleeping: Bool) -> Void)?
+    /// Set before the loop thread starts; run on it around each turn (see
+    /// `LoopTurn`).
+    var onTurn: (@Sendable (_ turn: LoopTurn) -> Void)?
+    /// The longest the loop sleeps in curl_multi_poll (ms): it wakes at least
+    /// this often even with nothing to do.
+    static let maxSleepMs: Int32 = 1000
     private var active: [TransferID: CurlTransfer] = [:]
     private var idleHandles: [UnsafeMutableRawPointer] = []
     /// Idle easy handles kept: as many as were ever in curl at once (at least
@@ -313,14 +327,14 @@ final class CurlLoop: @unchecked Sendable {
             }
             // Sleeps until socket activity, curl's next timer, or curl_multi_wakeup.
             if idle {
-                onTurn?(true)
-                if curl_multi_poll(multi, nil, 0, 1000, nil) != CURLM_OK { usleep(1000) }
+                onTurn?(.sleeping)
+                if curl_multi_poll(multi, nil, 0, Self.maxSleepMs, nil) != CURLM_OK { usleep(1000) }
             }
-            onTurn?(false)
+            onTurn?(.woke)
         }
         for easy in idleHandles { curl_easy_cleanup(easy) }
         idleHandles = []
-        onTurn?(true)
+        onTurn?(.exiting)
     }
 
     private func transfer(of easy: UnsafeMutableRawPointer) -> CurlTransfer? {
