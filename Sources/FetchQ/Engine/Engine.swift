@@ -407,7 +407,7 @@ public final class Engine: @unchecked Sendable {
                     op.shared = nil
                     actions += endAttached(op, .cancelled, .cancelled, .cancelled, &work)
                     if shared.callers.isEmpty && !shared.done && !shared.ownerLed {
-                        if coalesced[shared.key] === shared { coalesced[shared.key] = nil }
+                        forget(shared)
                         if case .success(let more) = machine.cancel(shared.carrier, now: monotonicNanos()) { actions += more }
                     }
                     continue
@@ -462,12 +462,20 @@ public final class Engine: @unchecked Sendable {
         return endCallers(shared, outcome, status, reason, &work)
     }
 
+    /// With the lock held: identical GETs submitted from now on do not
+    /// attach to `shared` (a newer transfer under its key stays). One probe of
+    /// the table, not a lookup and then a removal (on every search's end,
+    /// under the lock).
+    func forget(_ shared: SharedTransfer) {
+        if let i = coalesced.index(forKey: shared.key), coalesced.values[i] === shared { coalesced.remove(at: i) }
+    }
+
     /// With the lock held: a shared transfer will not run; its callers end
     /// as the operation that was to run it did.
     private func endCallers(_ shared: SharedTransfer, _ outcome: Outcome, _ status: FQStatus, _ reason: EndReason,
                             _ work: inout [Work]) -> [Machine.Action] {
         shared.done = true
-        if coalesced[shared.key] === shared { coalesced[shared.key] = nil }
+        forget(shared)
         var actions: [Machine.Action] = []
         for caller in shared.callers {
             // Each caller's own id in its message, not the leader's or carrier's.
@@ -550,7 +558,7 @@ public final class Engine: @unchecked Sendable {
         runner.leads = nil
         guard !shared.done else { return [] }
         shared.done = true
-        if coalesced[shared.key] === shared { coalesced[shared.key] = nil }
+        forget(shared)
         defer { shared.callers = [] }  // callers point at `shared`: no cycle left behind
         return shared.callers
     }
