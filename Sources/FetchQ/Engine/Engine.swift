@@ -302,8 +302,14 @@ public final class Engine: @unchecked Sendable {
     enum Work {
         /// A block or async operation.
         case start(Operation)
-        /// A network operation, its attempt booked (`bookAttempt`).
-        case startTransfer(Operation, NetworkJob, attempt: Int, transports: [CurlTransport])
+        /// A network operation, its attempt booked (`bookAttempt`). Boxed
+        /// (`indirect`): inline, the job made every `Work` 368 bytes, copied
+        /// twice per item by `execute`, and the enum kept its case in the
+        /// top bits of the payload's last word, which a `.start` never
+        /// writes whole: valgrind's memcheck reported reading the case of
+        /// every `.start` as a jump on uninitialised memory
+        /// (docs/reliability.md, Findings 4).
+        indirect case startTransfer(Operation, NetworkJob, attempt: Int, transports: [CurlTransport])
         case abort(CurlTransport, TransferID)
         /// Something is due later (a rate-limit token): re-arm the timer.
         case kickTimer
