@@ -167,8 +167,8 @@ typedef void (*fq_async_fn)(fq_op *op, void *userdata);
  *                   ended an operation (a worker, or the transfer thread that
  *                   received a response) runs its callback itself, and then
  *                   those of operations that ended on other threads
- *                   meanwhile (up to 4 more batches; otherwise the delivery
- *                   thread runs them). Callbacks stay one at a time
+ *                   meanwhile (up to 4 more batches of them; the delivery
+ *                   thread runs any beyond). Callbacks stay one at a time
  *                   and in completion order, but run on several threads, and
  *                   a slow callback holds up that thread: a worker, or a
  *                   transfer thread and its other transfers. Callbacks never
