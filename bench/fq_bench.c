@@ -15,6 +15,14 @@
  * FQ_BENCH_CONFIG (environment, optional): a JSON object merged into every
  * engine config, for experiments (e.g. '{"history": 0}'); echoed as "config".
  *
+ * FQ_BENCH_LATENCY=1 (environment, optional, p2 and p7): each completion
+ * callback also reads the result's metrics (fq_result_metrics builds a JSON
+ * object) and the time since its submit, and the run reports their
+ * percentiles as "latency". Off by default: the anchors read nothing like
+ * it, so the throughput runs do not either, and the latency rows come from
+ * runs of their own (bench/findings.md, "Seventeenth round"). Off, "latency"
+ * is null.
+ *
  * Each run prints one JSON object on stdout (report.py reads it); errors go
  * to stderr with a non-zero exit status. A run that loses or fails an
  * operation is an error, not a number.
@@ -76,6 +84,7 @@ static double *lat_wait, *lat_total, *lat_e2e;
 static long lat_n, lat_cap;
 /* Submit time of each network op (index = userdata), for submit->callback. */
 static double *submitted_at;
+static int measure_latency; /* FQ_BENCH_LATENCY */
 
 static void on_done_count(const fq_result *r, void *ud) {
     (void)ud;
@@ -112,7 +121,7 @@ static void on_done_network(const fq_result *r, void *ud) {
                     fq_result_error(r) ? fq_result_error(r) : "unexpected value");
         return;
     }
-    json_t *m = fq_result_metrics(r); /* BORROWED for the callback */
+    json_t *m = measure_latency ? fq_result_metrics(r) : NULL; /* BORROWED for the callback */
     if (m && lat_n < lat_cap) {
         lat_wait[lat_n] = json_number_value(json_object_get(m, "queue_wait_ms"));
         lat_total[lat_n] = json_number_value(json_object_get(m, "total_ms"));
@@ -137,6 +146,7 @@ static double pct(double *v, long n, double p) {
 /* {"queue_wait_ms", "total_ms" (the engine's metrics), "callback_ms"
  * (submit -> callback, measured here): {"p50", "p99"} each} */
 static json_t *latency_json(void) {
+    if (!measure_latency) return json_null();
     qsort(lat_wait, (size_t)lat_n, sizeof *lat_wait, cmp_double);
     qsort(lat_total, (size_t)lat_n, sizeof *lat_total, cmp_double);
     qsort(lat_e2e, (size_t)lat_n, sizeof *lat_e2e, cmp_double);
@@ -231,7 +241,7 @@ static void p2_submit_next(void) {
         long i = p2s.next++;
         snprintf(url, sizeof url, "%s?i=%ld", p2s.base, i);
         json_object_set_new(p2s.req, "url", json_string(url));
-        submitted_at[i] = now_s();
+        if (measure_latency) submitted_at[i] = now_s();
         if (fq_submit_request(p2s.q, p2s.req, p2s.opts, on_done_network, (void *)(intptr_t)i) <= 0)
             die("fq_submit_request");
     }
@@ -359,7 +369,7 @@ static int p7(const char *template, long n, int c) {
     double t0 = now_s();
     for (long i = 0; i < n; i++) {
         snprintf(query, sizeof query, "q%ld", i);
-        submitted_at[i] = now_s();
+        if (measure_latency) submitted_at[i] = now_s();
         if (fq_submit_search(q, query, NULL, on_done_network, (void *)(intptr_t)i) <= 0) die("fq_submit_search");
     }
     if (fq_queue_wait(q, -1) != FQ_OK) die("fq_queue_wait");
@@ -378,6 +388,7 @@ int main(int argc, char **argv) {
     }
     extra_config = getenv("FQ_BENCH_CONFIG");
     window = getenv("FQ_BENCH_WINDOW") ? atol(getenv("FQ_BENCH_WINDOW")) : 0;
+    measure_latency = getenv("FQ_BENCH_LATENCY") && !strcmp(getenv("FQ_BENCH_LATENCY"), "1");
     const char *mode = argc > 1 ? argv[1] : "";
     if (!strcmp(mode, "p1") && argc == 4) return p1(argv[2], atol(argv[3]));
     if (!strcmp(mode, "p2") && argc == 5) return p2(argv[2], atol(argv[3]), atoi(argv[4]));

@@ -247,12 +247,13 @@ def ceilings(recs: Records) -> List[str]:
 def latency(recs: Records) -> List[str]:
     lines = ["| run | queue wait p50 | queue wait p99 | request total p50 | request total p99 "
              "| submit→callback p50 | submit→callback p99 |", "|---|---|---|---|---|---|---|"]
-    for id_, label in (("P2-c8", "P2, 8 concurrent, all submitted at once"),
-                       ("P2-c64", "P2, 64 concurrent, all submitted at once"),
+    for id_, label in (("P2l-c8", "P2, 8 concurrent, all submitted at once"),
+                       ("P2l-c64", "P2, 64 concurrent, all submitted at once"),
                        ("P2w-c8", "P2, 8 concurrent, at most 16 in the engine"),
                        ("P2w-c64", "P2, 64 concurrent, at most 128 in the engine"),
-                       ("P7", "P7 searches, 8 concurrent, all submitted at once")):
-        rs = [r["result"]["latency"] for r in recs if r["id"] == id_ and r["side"] == "fetchq" and r.get("result")]
+                       ("P7l", "P7 searches, 8 concurrent, all submitted at once")):
+        rs = [r["result"]["latency"] for r in recs if r["id"] == id_ and r["side"] == "fetchq"
+              and r.get("result") and r["result"].get("latency")]
         if not rs:
             continue
         cells = []
@@ -360,7 +361,11 @@ def main() -> None:
         w("")
     w("### Latency from the engine's own metrics")
     w("")
-    w("Medians over the rounds of each run's percentiles. *queue wait* and *request total* are the "
+    w("These come from runs of their own, in every round (`FQ_BENCH_LATENCY=1`): there each "
+      "completion callback also reads its result's metrics, which costs fetchq about 5 % of P7's "
+      "rate, so the rate runs of the tables above read none, like the anchors "
+      "(bench/findings.md, Seventeenth round). "
+      "Medians over the rounds of each run's percentiles. *queue wait* and *request total* are the "
       "`queue_wait_ms` and `total_ms` of `fq_result_metrics` (total = libcurl's TOTAL_TIME of the "
       "transfer); *submit→callback* is measured by `bench/fq_bench.c` from the submit call to the "
       "completion callback. When all operations are submitted at once, queue wait is the backlog: its "

@@ -167,7 +167,7 @@ run_all() {
     record parse info 1 "$OUT/jansson_parse" "$TMP/www/doc.json" 20000
     record parse-search info 1 "$OUT/jansson_parse" "$TMP/www/s/q1.json" 20000
 
-    log "P2/P3: GET + JSON parse from nginx (rounds of: curl+jansson, wrk, fetchq, fetchq inline, curl+jansson on 2 threads, curl on 2 threads without the parse, fetchq with at most 2C in the engine)"
+    log "P2/P3: GET + JSON parse from nginx (rounds of: curl+jansson, wrk, fetchq, fetchq inline, curl+jansson on 2 threads, curl on 2 threads without the parse; fetchq's latency: all at once, and at most 2C in the engine)"
     for c in 8 64; do
         for r in $(seq "$PAIRS"); do
             record "P2-c$c" anchor "$r" "$CURLJ" "$DOC_URL" "$P2_N" "$c"
@@ -178,10 +178,13 @@ run_all() {
             record "P2-c$c" curlj2 "$r" "$CURLJ" "$DOC_URL" "$P2_N" "$c" items 2
             # The ceiling of any libcurl client (P3): the same, without the parse.
             record "P2-c$c" curlget2 "$r" "$CURLJ" "$DOC_URL" "$P2_N" "$c" - 2
-            # Steady-state latency: at most 2C requests in the engine at a time (the
-            # runs above submit all N at once, so their queue wait is the backlog).
+            # Latency, from runs of their own (FQ_BENCH_LATENCY=1: each callback
+            # reads its result's metrics; the rate runs above read nothing, like
+            # the anchors). All N submitted at once, so queue wait is the backlog:
+            record "P2l-c$c" fetchq "$r" env FQ_BENCH_LATENCY=1 "$FQ" p2 "$DOC_URL" "$P2_N" "$c"
+            # and steady state: at most 2C requests in the engine at a time.
             # In every round, like the rest: one run alone can land in a slow phase.
-            record "P2w-c$c" fetchq "$r" env FQ_BENCH_WINDOW=$((2 * c)) "$FQ" p2 "$DOC_URL" "$P2_N" "$c"
+            record "P2w-c$c" fetchq "$r" env FQ_BENCH_LATENCY=1 FQ_BENCH_WINDOW=$((2 * c)) "$FQ" p2 "$DOC_URL" "$P2_N" "$c"
         done
     done
 
@@ -201,7 +204,7 @@ run_all() {
         record P6 fetchq "$r" "$FQ" p6 "$P6_N"
     done
 
-    log "P7: searches, max_concurrent 8 (rounds of: OperationQueue+URLSession+JSONSerialization, curl+jansson on 1 and 2 threads, fetchq, fetchq inline)"
+    log "P7: searches, max_concurrent 8 (rounds of: OperationQueue+URLSession+JSONSerialization, curl+jansson on 1 and 2 threads, fetchq, fetchq inline, fetchq's latency)"
     for r in $(seq "$PAIRS"); do
         record P7 anchor "$r" "$ANCHORS" p7 "$SEARCH_TEMPLATE" "$P7_N" 8
         # The ceiling: the C client GETting and parsing one search document.
@@ -209,6 +212,8 @@ run_all() {
         record P7 curlj2 "$r" "$CURLJ" "${SEARCH_TEMPLATE/\{query\}/q1}" "$P7_N" 8 results 2
         record P7 fetchq "$r" "$FQ" p7 "$SEARCH_TEMPLATE" "$P7_N" 8
         record P7 fetchq-inline "$r" env "FQ_BENCH_CONFIG=$INLINE" "$FQ" p7 "$SEARCH_TEMPLATE" "$P7_N" 8
+        # Latency, from a run of its own (the rate runs read no metrics).
+        record P7l fetchq "$r" env FQ_BENCH_LATENCY=1 "$FQ" p7 "$SEARCH_TEMPLATE" "$P7_N" 8
     done
 }
 

@@ -52,3 +52,27 @@ def test_a_ceiling_that_skips_the_parse_gives_no_verdict_on_the_goal():
     assert "0.25× wrk" in parse and "| **no** |" in parse and parse.endswith("| 1.08× |")
     assert "0.60× wrk" in get_only and "| yes, without the parse, which P3 includes |" in get_only
     assert get_only.endswith("| — |")
+
+
+def _lat(id_, wait50, total50, cb50):
+    lat = {"queue_wait_ms": {"p50": wait50, "p99": wait50 * 2}, "total_ms": {"p50": total50, "p99": total50 * 2},
+           "callback_ms": {"p50": cb50, "p99": cb50 * 2}}
+    return {"id": id_, "side": "fetchq", "result": {"rate": 1000.0, "latency": lat}}
+
+
+def test_latency_rows_come_from_the_latency_runs_not_the_rate_runs():
+    # The rate runs (P2-c8, P7) read no metrics: "latency" is null there.
+    recs = [{"id": "P2-c8", "side": "fetchq", "result": {"rate": 20_000.0, "latency": None}},
+            {"id": "P7", "side": "fetchq", "result": {"rate": 30_000.0, "latency": None}},
+            _lat("P2l-c8", 1.0, 0.25, 2.0), _lat("P2l-c8", 3.0, 0.75, 4.0), _lat("P2l-c8", 2.0, 0.5, 3.0),
+            _lat("P7l", 40.0, 0.5, 41.0)]
+    lines = report.latency(recs)
+    assert lines[2] == ("| P2, 8 concurrent, all submitted at once | 2.0 ms | 4.0 ms | 0.50 ms | 1.0 ms "
+                        "| 3.0 ms | 6.0 ms |")
+    assert lines[3].startswith("| P7 searches, 8 concurrent, all submitted at once | 40.0 ms | 80.0 ms |")
+    assert len(lines) == 4  # no row for the runs that read nothing
+
+
+def test_latency_has_no_rows_when_only_rate_runs_are_recorded():
+    recs = [{"id": "P2-c8", "side": "fetchq", "result": {"rate": 20_000.0, "latency": None}}]
+    assert len(report.latency(recs)) == 2
