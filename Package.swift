@@ -42,7 +42,7 @@ let package = Package(
             dependencies: ["FetchQ", .product(name: "ArgumentParser", package: "swift-argument-parser")],
             path: "Sources/fetchq-cli", swiftSettings: [.swiftLanguageMode(.v6)]),
         .testTarget(
-            name: "FetchQTests", dependencies: ["FetchQ", "CJansson"],
+            name: "FetchQTests", dependencies: ["FetchQ", "CJansson", "CFetchQSupport"],
             swiftSettings: [.swiftLanguageMode(.v6)]),
     ]
 )

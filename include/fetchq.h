@@ -19,6 +19,21 @@
  *    library takes the caller's reference, also when the call fails).
  *    Input objects that are only read (config, options) are borrowed for the
  *    duration of the call; the library copies what it keeps.
+ *  - jansson's allocator. The first fq_engine_new() sets jansson's
+ *    allocation functions (json_set_alloc_funcs), process-wide, to fetchq's,
+ *    if they are still jansson's defaults (malloc and free). Another
+ *    allocator set before is left as it is, and FETCHQ_JANSSON_CACHE=0 in the
+ *    environment leaves jansson's defaults. On each of the engine's own
+ *    threads (transfer threads, workers, the delivery thread), fetchq's
+ *    functions keep up to 4 MiB of freed jansson blocks of up to 264 bytes
+ *    and reuse them for the next values made there (a parsed response is
+ *    hundreds of such blocks); the blocks are freed when the thread exits,
+ *    at the latest in fq_engine_free(). On the application's threads they are
+ *    malloc and free. The blocks are plain malloc blocks: free() still frees
+ *    json_dumps()'s string, and a block from malloc may still be handed to
+ *    jansson. A block freed twice on one engine thread stops the process with
+ *    a message. Memory checkers (ASan, valgrind) see a kept block as
+ *    allocated: run them with FETCHQ_JANSSON_CACHE=0.
  *  - Configuration and options are JSON objects. An unknown key, a value of
  *    the wrong type (a real where an integer is expected included) or out of
  *    its range is an error (FQ_ERR_INVALID with a message); nothing is

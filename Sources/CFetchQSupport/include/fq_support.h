@@ -26,4 +26,33 @@ int fqs_eventfd(void);
 /* Names the calling thread (at most 15 bytes are kept, as Linux allows). */
 void fqs_set_thread_name(const char *name);
 
+/* jansson's allocation functions with a per-thread cache of small freed
+ * blocks (jansson_cache.c). They hand out and take back plain malloc blocks,
+ * so they mix with malloc/free either way. Only threads that turned it on
+ * (the engine's) keep blocks: at most FQS_JC_MAX_BYTES of blocks of up to
+ * FQS_JC_CLASSES * 16 + 8 usable bytes, freed when the thread exits. */
+#define FQS_JC_CLASSES 16
+#define FQS_JC_MAX_BYTES 4194304 /* 4 MiB */
+void *fqs_jc_malloc(size_t n);
+void fqs_jc_free(void *p);
+/* Installs them with json_set_alloc_funcs if jansson still uses malloc and
+ * free (or already uses them): 1; 0 when another allocator is set (left as
+ * it is). */
+int fqs_jansson_cache_install(void);
+int fqs_jansson_cache_installed(void);
+/* Turns keeping blocks on (1) or off (0, which frees them) for the calling
+ * thread; the engine's threads turn it on when they start. */
+void fqs_jansson_cache_thread_enable(int on);
+/* Whether the environment variable FETCHQ_JANSSON_CACHE (its value, or NULL
+ * when unset) asks for the cache: anything but "0". */
+int fqs_jansson_cache_wanted(const char *env);
+/* Usable bytes on the calling thread's lists; bytes that threads' exits
+ * freed from theirs so far. */
+size_t fqs_jansson_cache_thread_bytes(void);
+size_t fqs_jansson_cache_exit_drained_bytes(void);
+/* malloc_usable_size(p), for the tests. */
+size_t fqs_usable_size(void *p);
+/* Frees the calling thread's lists now. */
+void fqs_jansson_cache_drain_thread(void);
+
 #endif

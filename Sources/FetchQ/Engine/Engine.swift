@@ -73,6 +73,10 @@ public final class Engine: @unchecked Sendable {
 
     public init(config: EngineConfig) throws(FetchQError) {
         self.config = config
+        // jansson's allocation functions with a per-thread cache of freed
+        // blocks, process-wide, unless FETCHQ_JANSSON_CACHE=0 or another
+        // allocator is set (fetchq.h, "jansson's allocator").
+        if fqs_jansson_cache_wanted(getenv("FETCHQ_JANSSON_CACHE")) != 0 { _ = fqs_jansson_cache_install() }
         // (A config that fails here fails every such submit instead, with its message.)
         var none = try OptionReader(nil, context: "options")
         defaultSearch = config.search == nil ? nil

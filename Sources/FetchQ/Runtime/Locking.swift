@@ -80,6 +80,7 @@ func startThread(name: String, _ body: @escaping @Sendable () -> Void) -> pthrea
     let rc = pthread_create(&tid, nil, { raw in
         let box = Unmanaged<AnyObject>.fromOpaque(raw!).takeRetainedValue() as! Box
         fqs_set_thread_name(box.name)
+        fqs_jansson_cache_thread_enable(1)  // an engine thread keeps freed jansson blocks
         box.body()
         return nil
     }, box)

@@ -56,6 +56,7 @@ package final class CurlTransport: HTTPTransport, @unchecked Sendable {
         let context = Unmanaged.passRetained(core).toOpaque()
         let rc = pthread_create(&thread, nil, { context in
             let core = Unmanaged<CurlLoop>.fromOpaque(context!).takeRetainedValue()
+            fqs_jansson_cache_thread_enable(1)  // parses responses and frees their values
             core.run()
             return nil
         }, context)

@@ -1,0 +1,183 @@
+/*
+ * A per-thread cache of small freed blocks for jansson (see fq_support.h).
+ *
+ * Why: a parsed 3 KB document is about 680 jansson blocks, all freed at once
+ * when its result goes. glibc's per-thread cache keeps 7 blocks of a size, so
+ * the rest go to the arena's fast bins, and every request of 1 KiB or more
+ * (libcurl allocates its 16 KiB receive buffer for each transfer) merges the
+ * fast bins back into the arena: the next document's blocks then come from
+ * the slow path. In P2, malloc and free were half of all instructions
+ * (bench/findings.md, "Seventeenth round").
+ *
+ * What: jansson's allocation functions, set with json_set_alloc_funcs. They
+ * hand out and take back ordinary malloc blocks, so they mix with plain
+ * malloc/free in every direction: a block they return may be free()d, a
+ * block from malloc may come to them, and a string from json_dumps may be
+ * free()d as jansson's documentation says. A freed block of up to
+ * FQS_JC_CLASSES * 16 + 8 usable bytes (malloc_usable_size), freed on one of
+ * the engine's threads (fqs_jansson_cache_thread_enable), goes on that
+ * thread's list for its size class while the thread holds less than
+ * FQS_JC_MAX_BYTES; a request on such a thread takes from its list of the
+ * class first. On every other thread they are malloc and free. A thread's
+ * blocks are freed when it exits (the engine's threads exit when it is
+ * freed).
+ */
+#define _GNU_SOURCE
+#include "fq_support.h"
+
+#include <jansson.h>
+#include <malloc.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A cached block: the list link, and a key that marks it as cached (a second
+ * free of a cached block is found and stops the process, as glibc's own
+ * cache does, instead of handing the block out twice). */
+struct jc_block {
+    struct jc_block *next;
+    uintptr_t key;
+};
+
+struct jc_thread {
+    struct jc_block *head[FQS_JC_CLASSES + 1]; /* class k: usable size 16k + 8 .. 16k + 23 */
+    size_t bytes;                              /* usable bytes on the lists */
+    int state;                                 /* 0: not caching, 1: caching, 2: exited */
+};
+
+static __thread struct jc_thread jc;
+static pthread_key_t jc_exit_key;
+static pthread_once_t jc_once = PTHREAD_ONCE_INIT;
+static _Atomic uintptr_t jc_key; /* set once, before the functions are installed */
+/* Bytes freed by threads' exits (for the tests): written only then. */
+static atomic_size_t jc_exit_drained;
+
+static void jc_drain(struct jc_thread *t) {
+    for (int k = 1; k <= FQS_JC_CLASSES; k++) {
+        struct jc_block *b = t->head[k];
+        while (b != NULL) {
+            struct jc_block *next = b->next;
+            free(b);
+            b = next;
+        }
+        t->head[k] = NULL;
+    }
+    t->bytes = 0;
+}
+
+/* At thread exit: free the lists; from here on this thread frees directly
+ * (other destructors may still free jansson values). */
+static void jc_thread_exit(void *unused) {
+    (void)unused;
+    atomic_fetch_add_explicit(&jc_exit_drained, jc.bytes, memory_order_relaxed);
+    jc_drain(&jc);
+    jc.state = 2;
+}
+
+static void jc_init(void) {
+    pthread_key_create(&jc_exit_key, jc_thread_exit);
+    uintptr_t key = (uintptr_t)(void *)&jc_key ^ (uintptr_t)0x9e3779b97f4a7c15ull;
+    key ^= (uintptr_t)pthread_self() << 17;
+    atomic_store_explicit(&jc_key, key | 1, memory_order_release);
+}
+
+/* The class that serves a request of n bytes: the least k with 16k + 8 >= n. */
+static inline size_t jc_class_for_request(size_t n) { return n <= 24 ? 1 : (n - 8 + 15) / 16; }
+
+void *fqs_jc_malloc(size_t n) {
+    size_t k = jc_class_for_request(n);
+    struct jc_thread *t = &jc;
+    if (k > FQS_JC_CLASSES || t->state != 1) return malloc(n);
+    struct jc_block *b = t->head[k];
+    if (b != NULL) {
+        t->head[k] = b->next;
+        t->bytes -= 16 * k + 8;
+        b->key = 0;
+        return b;
+    }
+    /* The class's exact size: freed, it comes back to this class. */
+    return malloc(16 * k + 8);
+}
+
+void fqs_jc_free(void *p) {
+    if (p == NULL) return;
+    struct jc_thread *t = &jc;
+    size_t usable = malloc_usable_size(p);
+    size_t k = usable < 24 ? 0 : (usable - 8) / 16;
+    if (t->state != 1 || k == 0 || k > FQS_JC_CLASSES || t->bytes + 16 * k + 8 > FQS_JC_MAX_BYTES) {
+        free(p);
+        return;
+    }
+    struct jc_block *b = p;
+    uintptr_t key = atomic_load_explicit(&jc_key, memory_order_acquire);
+    if (b->key == key) {
+        for (struct jc_block *c = t->head[k]; c != NULL; c = c->next) {
+            if (c == b) {
+                fprintf(stderr, "fetchq: a jansson value was freed twice (block %p)\n", p);
+                abort();
+            }
+        }
+    }
+    b->key = key;
+    b->next = t->head[k];
+    t->head[k] = b;
+    t->bytes += 16 * k + 8;
+}
+
+void fqs_jansson_cache_thread_enable(int on) {
+    pthread_once(&jc_once, jc_init);
+    struct jc_thread *t = &jc;
+    if (on && t->state == 0) {
+        /* have the lists freed when the thread exits */
+        pthread_setspecific(jc_exit_key, t);
+        t->state = 1;
+    } else if (!on && t->state == 1) {
+        jc_drain(t);
+        pthread_setspecific(jc_exit_key, NULL);
+        t->state = 0;
+    }
+}
+
+int fqs_jansson_cache_install(void) {
+    pthread_once(&jc_once, jc_init);
+    json_malloc_t m = NULL;
+    json_free_t f = NULL;
+    json_get_alloc_funcs(&m, &f);
+    if (m == fqs_jc_malloc && f == fqs_jc_free) return 1;
+    if (m != malloc || f != free) return 0; /* someone else's allocator: leave it */
+    json_set_alloc_funcs(fqs_jc_malloc, fqs_jc_free);
+    return 1;
+}
+
+int fqs_jansson_cache_installed(void) {
+    json_malloc_t m = NULL;
+    json_free_t f = NULL;
+    json_get_alloc_funcs(&m, &f);
+    return m == fqs_jc_malloc && f == fqs_jc_free;
+}
+
+int fqs_jansson_cache_wanted(const char *env) {
+    return env == NULL || strcmp(env, "0") != 0;
+}
+
+size_t fqs_jansson_cache_thread_bytes(void) { return jc.bytes; }
+
+size_t fqs_jansson_cache_exit_drained_bytes(void) {
+    return atomic_load_explicit(&jc_exit_drained, memory_order_relaxed);
+}
+
+void fqs_jansson_cache_drain_thread(void) { jc_drain(&jc); }
+
+size_t fqs_usable_size(void *p) { return malloc_usable_size(p); }
+
+/* When the library is unloaded (dlclose), jansson must not keep pointers to
+ * these functions: it gets malloc and free back. The blocks on the lists are
+ * plain malloc blocks; the calling thread's are freed. */
+__attribute__((destructor)) static void jc_unload(void) {
+    if (fqs_jansson_cache_installed()) json_set_alloc_funcs(malloc, free);
+    jc_drain(&jc);
+    jc.state = 2;
+}
