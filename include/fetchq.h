@@ -25,7 +25,7 @@
  *    allocator set before is left as it is, and FETCHQ_JANSSON_CACHE=0 in the
  *    environment leaves jansson's defaults. On each of the engine's own
  *    threads (transfer threads, workers, the delivery thread), fetchq's
- *    functions keep up to 1 MiB of freed jansson blocks of up to 264 bytes
+ *    functions keep up to 4 MiB of freed jansson blocks of up to 264 bytes
  *    and reuse them for the next values made there (a parsed response is
  *    hundreds of such blocks); the blocks are freed when the thread exits,
  *    at the latest in fq_engine_free(). On the application's threads they are

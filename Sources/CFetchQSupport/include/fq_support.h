@@ -32,7 +32,7 @@ void fqs_set_thread_name(const char *name);
  * (the engine's) keep blocks: at most FQS_JC_MAX_BYTES of blocks of up to
  * FQS_JC_CLASSES * 16 + 8 usable bytes, freed when the thread exits. */
 #define FQS_JC_CLASSES 16
-#define FQS_JC_MAX_BYTES 1048576 /* 1 MiB */
+#define FQS_JC_MAX_BYTES 4194304 /* 4 MiB */
 void *fqs_jc_malloc(size_t n);
 void fqs_jc_free(void *p);
 /* Installs them with json_set_alloc_funcs if jansson still uses malloc and
