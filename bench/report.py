@@ -311,8 +311,9 @@ def main() -> None:
     w("")
     w(f"Each benchmark ran as {meta['pairs']} rounds of alternating runs (anchor, fetchq, anchor, fetchq, …; "
       "P2/P3 as curl+jansson, wrk, fetchq, fetchq inline, then the 2-thread client with and without the "
-      "parse and fetchq with at most 2C requests in the engine (all three below); P4 as aiohttp, httpx, fetchq; P7 as URLSession, "
-      "curl+jansson, fetchq, fetchq inline), so slow phases of this shared "
+      "parse (below), and fetchq's two latency runs, all at once and with at most 2C requests in the engine; "
+      "P4 as aiohttp, httpx, fetchq; P7 as URLSession, "
+      "curl+jansson on 1 and 2 threads, fetchq, fetchq inline, and fetchq's latency run), so slow phases of this shared "
       "machine hit both sides. Medians of the rounds; the ratio is fetchq's median over the anchor's "
       "(higher is better for fetchq); min–max over the rounds. P2 and P7 run fetchq twice: with the "
       "default config (callbacks on the delivery thread) and with config `\"delivery\": \"inline\"` "
@@ -413,7 +414,8 @@ def main() -> None:
     w("- **P2/P3**: every request has its own URL (`/doc.json?i=N`; nginx serves the static file "
       "whatever the query) and fetchq runs with `\"coalesce\": false`, so the server answers every "
       "request. fetchq: all N submitted to a queue of max_concurrent C with `\"parse\": \"json\"`, "
-      "engine `max_per_host` C; the callback checks the parsed value. Anchor: `bench/curl_jansson_client.c`, "
+      "engine `max_per_host` C; the callback checks the parsed value and reads nothing else (the "
+      "latency runs also read its metrics: `FQ_BENCH_LATENCY=1`). Anchor: `bench/curl_jansson_client.c`, "
       "one multi handle and C reused easy handles, `json_loadb` on every body. wrk runs "
       f"{meta['wrk_seconds']} s per round with `-t2 -cC` on one URL and does not parse.")
     w("- **P4**: `bench/py_bench.py`: fetchq through `bindings/python` (`AsyncEngine`, poll delivery on "
@@ -432,7 +434,8 @@ def main() -> None:
     w("- **P6**: a suspended queue holding N ops; from `fq_queue_cancel_all` until `fq_queue_wait` "
       "returns, i.e. every callback (outcome CANCELLED, checked) has run.")
     w("- **P7**: fetchq: `fq_submit_search` with the engine's search config (results pointer "
-      "`/results`, sort by `/score` desc), queue max_concurrent 8. Anchor (`bench/anchors`): an "
+      "`/results`, sort by `/score` desc), queue max_concurrent 8; the callback checks the value "
+      "(the latency run also reads its metrics). Anchor (`bench/anchors`): an "
       "asynchronous `Operation` per search on an `OperationQueue` (max 8) starting a `URLSession` "
       "data task (httpMaximumConnectionsPerHost 8, no URL cache), parsing with `JSONSerialization`, "
       "extracting and sorting the results by score before finishing.")
