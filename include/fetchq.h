@@ -31,8 +31,9 @@
  *    at the latest in fq_engine_free(). On the application's threads they are
  *    malloc and free. The blocks are plain malloc blocks: free() still frees
  *    json_dumps()'s string, and a block from malloc may still be handed to
- *    jansson. A block freed twice on one engine thread stops the process with
- *    a message. Memory checkers (ASan, valgrind) see a kept block as
+ *    jansson. A block freed again on the same engine thread before 4 more
+ *    blocks of its size are freed there stops the process with a message;
+ *    a later second free goes unnoticed. Memory checkers (ASan, valgrind) see a kept block as
  *    allocated: run them with FETCHQ_JANSSON_CACHE=0.
  *  - Configuration and options are JSON objects. An unknown key, a value of
  *    the wrong type (a real where an integer is expected included) or out of

@@ -29,18 +29,20 @@
 #include <malloc.h>
 #include <pthread.h>
 #include <stdatomic.h>
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* A cached block: the list link, and a key that marks it as cached (a second
- * free of a cached block is found and stops the process, as glibc's own
- * cache does, instead of handing the block out twice). */
+/* A kept block: the list link. */
 struct jc_block {
     struct jc_block *next;
-    uintptr_t key;
 };
+
+/* How many of a class's most recently kept blocks a free compares with,
+ * to find a block freed twice (as glibc checks its fast bins' top). Only
+ * pointers are compared: the freed block's own bytes may never have been
+ * written, and branching on them would be reading uninitialised memory. */
+#define JC_DOUBLE_FREE_SCAN 4
 
 struct jc_thread {
     struct jc_block *head[FQS_JC_CLASSES + 1]; /* class k: usable size 16k + 8 .. 16k + 23 */
@@ -51,7 +53,6 @@ struct jc_thread {
 static __thread struct jc_thread jc;
 static pthread_key_t jc_exit_key;
 static pthread_once_t jc_once = PTHREAD_ONCE_INIT;
-static _Atomic uintptr_t jc_key; /* set once, before the functions are installed */
 /* Bytes freed by threads' exits (for the tests): written only then. */
 static atomic_size_t jc_exit_drained;
 
@@ -77,12 +78,7 @@ static void jc_thread_exit(void *unused) {
     jc.state = 2;
 }
 
-static void jc_init(void) {
-    pthread_key_create(&jc_exit_key, jc_thread_exit);
-    uintptr_t key = (uintptr_t)(void *)&jc_key ^ (uintptr_t)0x9e3779b97f4a7c15ull;
-    key ^= (uintptr_t)pthread_self() << 17;
-    atomic_store_explicit(&jc_key, key | 1, memory_order_release);
-}
+static void jc_init(void) { pthread_key_create(&jc_exit_key, jc_thread_exit); }
 
 /* The class that serves a request of n bytes: the least k with 16k + 8 >= n. */
 static inline size_t jc_class_for_request(size_t n) { return n <= 24 ? 1 : (n - 8 + 15) / 16; }
@@ -95,7 +91,6 @@ void *fqs_jc_malloc(size_t n) {
     if (b != NULL) {
         t->head[k] = b->next;
         t->bytes -= 16 * k + 8;
-        b->key = 0;
         return b;
     }
     /* The class's exact size: freed, it comes back to this class. */
@@ -112,16 +107,13 @@ void fqs_jc_free(void *p) {
         return;
     }
     struct jc_block *b = p;
-    uintptr_t key = atomic_load_explicit(&jc_key, memory_order_acquire);
-    if (b->key == key) {
-        for (struct jc_block *c = t->head[k]; c != NULL; c = c->next) {
-            if (c == b) {
-                fprintf(stderr, "fetchq: a jansson value was freed twice (block %p)\n", p);
-                abort();
-            }
+    struct jc_block *c = t->head[k];
+    for (int i = 0; i < JC_DOUBLE_FREE_SCAN && c != NULL; i++, c = c->next) {
+        if (c == b) {
+            fprintf(stderr, "fetchq: a jansson value was freed twice (block %p)\n", p);
+            abort();
         }
     }
-    b->key = key;
     b->next = t->head[k];
     t->head[k] = b;
     t->bytes += 16 * k + 8;

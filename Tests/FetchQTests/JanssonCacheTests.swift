@@ -10,7 +10,7 @@ import Testing
 /// (Sources/CFetchQSupport/jansson_cache.c). Only threads that turn it on
 /// (the engine's) keep blocks: each test turns it on for its own thread and
 /// off again at the end, so what it counts is its own.
-/// (A second free of a cached block stops the process: the C harness checks
+/// (A block freed again soon after stops the process: the C harness checks
 /// that in a child, `jansson_cache_double_free_stops_the_process`.)
 /// Serialized: one test sets another allocator for a moment.
 @Suite(.serialized) struct JanssonCacheTests {

@@ -3,8 +3,8 @@
  * jansson's own malloc/free, not with FETCHQ_JANSSON_CACHE=0 and not over
  * another allocator; the blocks stay malloc blocks (a json_dumps string may
  * be free()d), on the application's threads and on the engine's (which keep
- * freed blocks); a second free of a kept block stops the process with a
- * message. Each case runs in a child of its own (the setting is process-wide
+ * freed blocks); a block freed again soon after on the same engine thread
+ * stops the process with a message. Each case runs in a child of its own (the setting is process-wide
  * and the harness may run tests in one process), which starts from jansson's
  * defaults. */
 #ifndef _GNU_SOURCE
@@ -143,9 +143,10 @@ static json_t *free_twice_body(fq_op *op, void *ud) {
     json_malloc_t m = NULL;
     json_free_t f = NULL;
     json_get_alloc_funcs(&m, &f);
-    void *p = m(40);
+    void *p = m(40), *q = m(40);
     f(p);
-    f(p); /* stops the process */
+    f(q);
+    f(p); /* p is the second of its class's kept blocks: stops the process */
     return NULL;
 }
 
