@@ -46,7 +46,7 @@ struct jc_block {
 
 struct jc_thread {
     struct jc_block *head[FQS_JC_CLASSES + 1]; /* class k: usable size 16k + 8 .. 16k + 23 */
-    size_t bytes;                              /* usable bytes on the lists */
+    size_t bytes;                              /* the lists' blocks, each as its class's size */
     int state;                                 /* 0: not caching, 1: caching, 2: exited */
 };
 
@@ -83,6 +83,9 @@ static void jc_init(void) { pthread_key_create(&jc_exit_key, jc_thread_exit); }
 /* The class that serves a request of n bytes: the least k with 16k + 8 >= n. */
 static inline size_t jc_class_for_request(size_t n) { return n <= 24 ? 1 : (n - 8 + 15) / 16; }
 
+/* The size a block of class k is allocated with and counted as. */
+static inline size_t jc_class_size(size_t k) { return 16 * k + 8; }
+
 void *fqs_jc_malloc(size_t n) {
     size_t k = jc_class_for_request(n);
     struct jc_thread *t = &jc;
@@ -90,11 +93,11 @@ void *fqs_jc_malloc(size_t n) {
     struct jc_block *b = t->head[k];
     if (b != NULL) {
         t->head[k] = b->next;
-        t->bytes -= 16 * k + 8;
+        t->bytes -= jc_class_size(k);
         return b;
     }
     /* The class's exact size: freed, it comes back to this class. */
-    return malloc(16 * k + 8);
+    return malloc(jc_class_size(k));
 }
 
 void fqs_jc_free(void *p) {
@@ -102,7 +105,7 @@ void fqs_jc_free(void *p) {
     struct jc_thread *t = &jc;
     size_t usable = malloc_usable_size(p);
     size_t k = usable < 24 ? 0 : (usable - 8) / 16;
-    if (t->state != 1 || k == 0 || k > FQS_JC_CLASSES || t->bytes + 16 * k + 8 > FQS_JC_MAX_BYTES) {
+    if (t->state != 1 || k == 0 || k > FQS_JC_CLASSES || t->bytes + jc_class_size(k) > FQS_JC_MAX_BYTES) {
         free(p);
         return;
     }
@@ -116,7 +119,7 @@ void fqs_jc_free(void *p) {
     }
     b->next = t->head[k];
     t->head[k] = b;
-    t->bytes += 16 * k + 8;
+    t->bytes += jc_class_size(k);
 }
 
 void fqs_jansson_cache_thread_enable(int on) {
