@@ -26,9 +26,10 @@
  *    environment leaves jansson's defaults. On each of the engine's own
  *    threads (transfer threads, workers, the delivery thread), fetchq's
  *    functions keep up to 4 MiB of freed jansson blocks of up to 264 bytes
- *    and reuse them for the next values made there (a parsed response is
- *    hundreds of such blocks); the blocks are freed when the thread exits,
- *    at the latest in fq_engine_free(). On the application's threads they are
+ *    (all threads of the process together at most 64 MiB, whatever the
+ *    number of workers and engines) and reuse them for the next values made
+ *    there (a parsed response is hundreds of such blocks); the blocks are
+ *    freed when the thread exits, at the latest in fq_engine_free(). On the application's threads they are
  *    malloc and free. The blocks are plain malloc blocks: free() still frees
  *    json_dumps()'s string, and a block from malloc may still be handed to
  *    jansson. A block freed again on the same engine thread before 4 more
@@ -305,7 +306,11 @@ int fq_engine_set_log_fn(fq_engine *engine, fq_log_fn fn, void *userdata);
  *  "undelivered", "queues": {"<name>": {"max_concurrent", "suspended",
  *  "queued", "running", "submitted", "succeeded", "failed", "cancelled"}},
  *  "cache": {"entries", "bytes", "hits", "misses", "evictions"} (when the
- *  HTTP cache is on)}. Coalesced transfers are counted once in "running";
+ *  HTTP cache is on), "jansson_cache": {"bytes", "limit"} (when fetchq's
+ *  jansson allocation functions are installed: see the conventions above;
+ *  for the whole process, not this engine: the room its threads hold for
+ *  freed jansson blocks, which they fill up to, taken 256 KiB at a time,
+ *  at most "limit", 64 MiB)}. Coalesced transfers are counted once in "running";
  *  the operations sharing them count as "queued" until they end.
  * "queued" counts operations waiting (for dependencies, a slot or resume),
  * "undelivered" finished operations whose callback has not yet returned. */

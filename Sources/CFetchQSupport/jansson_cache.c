@@ -21,6 +21,13 @@
  * class first. On every other thread they are malloc and free. A thread's
  * blocks are freed when it exits (the engine's threads exit when it is
  * freed).
+ *
+ * All threads together keep at most FQS_JC_PROCESS_MAX_BYTES: a thread
+ * takes room for its lists from that budget in grants of JC_GRANT bytes
+ * (one atomic operation per grant, not per block) and gives a grant back
+ * when its lists have shrunk two grants below what it holds, or when it
+ * exits. A free that finds no room goes to free(). So an engine with many
+ * workers, or many engines, cannot keep 4 MiB on each of their threads.
  */
 #define _GNU_SOURCE
 #include "fq_support.h"
@@ -47,14 +54,39 @@ struct jc_block {
 struct jc_thread {
     struct jc_block *head[FQS_JC_CLASSES + 1]; /* class k: usable size 16k + 8 .. 16k + 23 */
     size_t bytes;                              /* the lists' blocks, each as its class's size */
+    size_t granted;                            /* room taken from the process's budget: bytes <= granted */
     int state;                                 /* 0: not caching, 1: caching, 2: exited */
 };
+
+/* The process's budget is handed out in grants of this many bytes. */
+#define JC_GRANT ((size_t)262144) /* 256 KiB */
+_Static_assert(FQS_JC_MAX_BYTES % JC_GRANT == 0 && FQS_JC_PROCESS_MAX_BYTES % JC_GRANT == 0,
+               "the bounds are whole grants");
 
 static __thread struct jc_thread jc;
 static pthread_key_t jc_exit_key;
 static pthread_once_t jc_once = PTHREAD_ONCE_INIT;
 /* Bytes freed by threads' exits (for the tests): written only then. */
 static atomic_size_t jc_exit_drained;
+/* The grants all threads hold, at most FQS_JC_PROCESS_MAX_BYTES. */
+static atomic_size_t jc_granted_total;
+
+/* One more grant for t, if its own bound and the process's allow it. */
+static int jc_take_grant(struct jc_thread *t) {
+    if (t->granted + JC_GRANT > FQS_JC_MAX_BYTES) return 0;
+    size_t total = atomic_load_explicit(&jc_granted_total, memory_order_relaxed);
+    do {
+        if (total + JC_GRANT > FQS_JC_PROCESS_MAX_BYTES) return 0;
+    } while (!atomic_compare_exchange_weak_explicit(&jc_granted_total, &total, total + JC_GRANT,
+                                                    memory_order_relaxed, memory_order_relaxed));
+    t->granted += JC_GRANT;
+    return 1;
+}
+
+static void jc_give_back(struct jc_thread *t, size_t n) {
+    t->granted -= n;
+    atomic_fetch_sub_explicit(&jc_granted_total, n, memory_order_relaxed);
+}
 
 static void jc_drain(struct jc_thread *t) {
     for (int k = 1; k <= FQS_JC_CLASSES; k++) {
@@ -67,6 +99,7 @@ static void jc_drain(struct jc_thread *t) {
         t->head[k] = NULL;
     }
     t->bytes = 0;
+    jc_give_back(t, t->granted);
 }
 
 /* At thread exit: free the lists; from here on this thread frees directly
@@ -94,6 +127,7 @@ void *fqs_jc_malloc(size_t n) {
     if (b != NULL) {
         t->head[k] = b->next;
         t->bytes -= jc_class_size(k);
+        if (t->granted - t->bytes >= 2 * JC_GRANT) jc_give_back(t, JC_GRANT);
         return b;
     }
     /* The class's exact size: freed, it comes back to this class. */
@@ -105,7 +139,8 @@ void fqs_jc_free(void *p) {
     struct jc_thread *t = &jc;
     size_t usable = malloc_usable_size(p);
     size_t k = usable < 24 ? 0 : (usable - 8) / 16;
-    if (t->state != 1 || k == 0 || k > FQS_JC_CLASSES || t->bytes + jc_class_size(k) > FQS_JC_MAX_BYTES) {
+    if (t->state != 1 || k == 0 || k > FQS_JC_CLASSES ||
+        (t->bytes + jc_class_size(k) > t->granted && !jc_take_grant(t))) {
         free(p);
         return;
     }
@@ -159,6 +194,12 @@ int fqs_jansson_cache_wanted(const char *env) {
 }
 
 size_t fqs_jansson_cache_thread_bytes(void) { return jc.bytes; }
+
+size_t fqs_jansson_cache_thread_granted(void) { return jc.granted; }
+
+size_t fqs_jansson_cache_granted_bytes(void) {
+    return atomic_load_explicit(&jc_granted_total, memory_order_relaxed);
+}
 
 size_t fqs_jansson_cache_exit_drained_bytes(void) {
     return atomic_load_explicit(&jc_exit_drained, memory_order_relaxed);

@@ -15,6 +15,8 @@ import Testing
 /// Serialized: one test sets another allocator for a moment.
 @Suite(.serialized) struct JanssonCacheTests {
     static let maxClassBytes = Int(FQS_JC_CLASSES) * 16 + 8
+    /// The room a thread takes from the process's budget at a time.
+    static let grant = 256 * 1024
 
     /// Installed for the test, then put back as it was: the sanitizer runs
     /// set FETCHQ_JANSSON_CACHE=0 for everything else (docs/reliability.md).
@@ -155,11 +157,51 @@ import Testing
             blocks.reserveCapacity(count)
             for _ in 0..<count { blocks.append(fqs_jc_malloc(40)!) }
             for p in blocks { fqs_jc_free(p) }
+            // Kept up to the room this thread holds, which is at most the
+            // per-thread bound. (Other tests' engine threads in this process
+            // hold room too, so whether it reached 4 MiB depends on them; the
+            // C harness checks both bounds exactly, each in a process of its
+            // own: jansson_cache_bounded_per_thread, _across_threads.)
             let kept = fqs_jansson_cache_thread_bytes()
-            #expect(kept <= Int(FQS_JC_MAX_BYTES))
-            #expect(kept > Int(FQS_JC_MAX_BYTES) - 40)
+            let granted = fqs_jansson_cache_thread_granted()
+            #expect(granted <= Int(FQS_JC_MAX_BYTES))
+            #expect(kept <= granted)
+            #expect(kept > granted - 40)
+            #expect(granted >= Self.grant)
+            #expect(fqs_jansson_cache_granted_bytes() <= Int(FQS_JC_PROCESS_MAX_BYTES))
             fqs_jansson_cache_drain_thread()
             #expect(fqs_jansson_cache_thread_bytes() == 0)
+            #expect(fqs_jansson_cache_thread_granted() == 0)
+        }
+    }
+
+    /// The room for a thread's lists comes in grants of 256 KiB and goes
+    /// back when the lists shrink two grants below it: a thread that kept
+    /// blocks for a burst does not hold the process's budget afterwards.
+    @Test func aThreadGivesRoomBackWhenItsListsShrink() {
+        withCache {
+            #expect(fqs_jansson_cache_thread_granted() == 0)
+            let count = 3 * Self.grant / 40  // 768 KiB of 40-byte blocks
+            var blocks: [UnsafeMutableRawPointer] = []
+            blocks.reserveCapacity(count)
+            for _ in 0..<count { blocks.append(fqs_jc_malloc(40)!) }
+            #expect(fqs_jansson_cache_thread_granted() == 0)  // nothing freed yet
+            for p in blocks { fqs_jc_free(p) }
+            let kept = fqs_jansson_cache_thread_bytes()
+            let granted = fqs_jansson_cache_thread_granted()
+            // all kept, in whole grants (unless the process's budget ran out)
+            #expect(granted % Self.grant == 0)
+            #expect(kept <= granted && kept > granted - Self.grant)
+            // Handed out again (most of them: glibc may have given a larger
+            // block for some requests, kept in the next class), the room goes
+            // back down to less than two grants above what is kept.
+            blocks.removeAll(keepingCapacity: true)
+            for _ in 0..<(kept / 40) { blocks.append(fqs_jc_malloc(40)!) }
+            let left = fqs_jansson_cache_thread_bytes()
+            #expect(left < kept / 10)
+            #expect(fqs_jansson_cache_thread_granted() < granted)
+            #expect(fqs_jansson_cache_thread_granted() - left < 2 * Self.grant)
+            for p in blocks { free(p) }
         }
     }
 

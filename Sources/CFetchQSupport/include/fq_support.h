@@ -30,9 +30,11 @@ void fqs_set_thread_name(const char *name);
  * blocks (jansson_cache.c). They hand out and take back plain malloc blocks,
  * so they mix with malloc/free either way. Only threads that turned it on
  * (the engine's) keep blocks: at most FQS_JC_MAX_BYTES of blocks of up to
- * FQS_JC_CLASSES * 16 + 8 usable bytes, freed when the thread exits. */
+ * FQS_JC_CLASSES * 16 + 8 usable bytes, freed when the thread exits; all
+ * threads together at most FQS_JC_PROCESS_MAX_BYTES. */
 #define FQS_JC_CLASSES 16
 #define FQS_JC_MAX_BYTES 4194304 /* 4 MiB */
+#define FQS_JC_PROCESS_MAX_BYTES 67108864 /* 64 MiB */
 void *fqs_jc_malloc(size_t n);
 void fqs_jc_free(void *p);
 /* Installs them with json_set_alloc_funcs if jansson still uses malloc and
@@ -49,6 +51,10 @@ int fqs_jansson_cache_wanted(const char *env);
 /* Usable bytes on the calling thread's lists; bytes that threads' exits
  * freed from theirs so far. */
 size_t fqs_jansson_cache_thread_bytes(void);
+/* The room the calling thread holds for its lists, and all threads
+ * together (taken from FQS_JC_PROCESS_MAX_BYTES in grants of 256 KiB). */
+size_t fqs_jansson_cache_thread_granted(void);
+size_t fqs_jansson_cache_granted_bytes(void);
 size_t fqs_jansson_cache_exit_drained_bytes(void);
 /* malloc_usable_size(p), for the tests. */
 size_t fqs_usable_size(void *p);

@@ -43,6 +43,12 @@ extension Engine {
             put(c, "evictions", s.evictions)
             json_object_set_new(root, "cache", c)
         }
+        if fqs_jansson_cache_installed() == 1 {
+            let c = json_object()!
+            put(c, "bytes", fqs_jansson_cache_granted_bytes())
+            put(c, "limit", Int(FQS_JC_PROCESS_MAX_BYTES))
+            json_object_set_new(root, "jansson_cache", c)
+        }
         return JSONRef(owned: root)!
     }
 }
