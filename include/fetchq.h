@@ -307,10 +307,11 @@ int fq_engine_set_log_fn(fq_engine *engine, fq_log_fn fn, void *userdata);
  *  "queued", "running", "submitted", "succeeded", "failed", "cancelled"}},
  *  "cache": {"entries", "bytes", "hits", "misses", "evictions"} (when the
  *  HTTP cache is on), "jansson_cache": {"bytes", "limit"} (when fetchq's
- *  jansson allocation functions are installed: see the conventions above;
- *  for the whole process, not this engine: the room its threads hold for
- *  freed jansson blocks, which they fill up to, taken 256 KiB at a time,
- *  at most "limit", 64 MiB)}. Coalesced transfers are counted once in "running";
+ *  jansson allocation functions are installed, see the conventions above;
+ *  for the whole process, not this engine: "bytes" is the room the engine
+ *  threads of all engines hold for freed jansson blocks, taken 256 KiB at a
+ *  time; they keep at most that much, and it is at most "limit", 64 MiB)}.
+ *  Coalesced transfers are counted once in "running";
  *  the operations sharing them count as "queued" until they end.
  * "queued" counts operations waiting (for dependencies, a slot or resume),
  * "undelivered" finished operations whose callback has not yet returned. */
