@@ -15,15 +15,6 @@ SONAME := libfetchq.so.$(VERSION_MAJOR)
 SWIFT ?= swift
 CC ?= cc
 BUILD := $(CURDIR)/build
-# swift-driver leaves an empty TemporaryDirectory.* in $TMPDIR for nearly every
-# compiler job and SwiftPM run (swiftlang/swift-driver#1720 and #2049, open):
-# about 150 per `make test`. Unless TMPDIR is set, the temporary files of the
-# builds and tests go under build/tmp, which `make clean` removes, instead of
-# /tmp. (Tests that need a fixed short path still use /tmp themselves.)
-ifeq ($(origin TMPDIR),undefined)
-export TMPDIR := $(BUILD)/tmp
-$(shell mkdir -p $(TMPDIR))
-endif
 # -enforce-exclusivity=unchecked: the shipped library skips Swift's runtime
 # exclusivity checks (swift_beginAccess was ~6 % of the P1 profile). Debug
 # builds, which run the test suites, keep them. A flag here rather than an
