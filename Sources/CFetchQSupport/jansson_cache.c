@@ -137,10 +137,13 @@ void *fqs_jc_malloc(size_t n) {
 void fqs_jc_free(void *p) {
     if (p == NULL) return;
     struct jc_thread *t = &jc;
+    if (t->state != 1) { /* a thread that keeps nothing: no size to look up */
+        free(p);
+        return;
+    }
     size_t usable = malloc_usable_size(p);
     size_t k = usable < 24 ? 0 : (usable - 8) / 16;
-    if (t->state != 1 || k == 0 || k > FQS_JC_CLASSES ||
-        (t->bytes + jc_class_size(k) > t->granted && !jc_take_grant(t))) {
+    if (k == 0 || k > FQS_JC_CLASSES || (t->bytes + jc_class_size(k) > t->granted && !jc_take_grant(t))) {
         free(p);
         return;
     }

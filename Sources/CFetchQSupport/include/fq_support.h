@@ -51,11 +51,11 @@ int fqs_jansson_cache_wanted(const char *env);
 /* Usable bytes on the calling thread's lists; bytes that threads' exits
  * freed from theirs so far. */
 size_t fqs_jansson_cache_thread_bytes(void);
+size_t fqs_jansson_cache_exit_drained_bytes(void);
 /* The room the calling thread holds for its lists, and all threads
  * together (taken from FQS_JC_PROCESS_MAX_BYTES in grants of 256 KiB). */
 size_t fqs_jansson_cache_thread_granted(void);
 size_t fqs_jansson_cache_granted_bytes(void);
-size_t fqs_jansson_cache_exit_drained_bytes(void);
 /* malloc_usable_size(p), for the tests. */
 size_t fqs_usable_size(void *p);
 /* Frees the calling thread's lists now. */
