@@ -463,7 +463,10 @@ fq_op_id fq_submit_async(fq_queue *queue, fq_async_fn fn, const json_t *options,
  * result (by the callback, or by a dependent reading its dependency): for
  * callers that read the body themselves and rarely the value, it saves
  * building the value (the check is cheaper; fq_result_has_value() says
- * whether there is a value); "accept_status": statuses that count as success
+ * whether there is a value); "marshal": false (default) | true: the walk
+ * that checks the body also writes its value in CPython's marshal format,
+ * for fq_result_marshal() (with "lazy_parse" that walk is the check, so it
+ * costs no second pass); "accept_status": statuses that count as success
  * besides 2xx, as numbers (404) or classes ("4xx"). Any other status ends
  * FQ_FAILED with FQ_ERR_HTTP; status, headers, body (and value, if it
  * parsed) stay readable. */
@@ -727,6 +730,20 @@ json_t *fq_result_headers(const fq_result *result);
 /* The response body (decoded if it was gzip); *len gets its length (len may
  * be NULL). Not NUL-terminated. NULL with *len = 0 when there is none. */
 const unsigned char *fq_result_body(const fq_result *result, size_t *len);
+/* With the request option "marshal": the response's value in CPython's
+ * marshal format, so that Python's marshal.loads() makes the objects without
+ * scanning the JSON text again; *len gets its length (len may be NULL).
+ * marshal.loads() of it equals json.loads() of the body: the same types
+ * (int, float, str, list, dict, True, False, None), float bits and key
+ * order, a repeated key once, in its first place, with its last value. It
+ * is written by the engine's thread that received the response (for a
+ * binding whose own thread then only makes the objects). NULL with *len = 0
+ * without the option, when the body did not parse, or when its value cannot
+ * be written that way (nested deeper than 500 levels, a string or array
+ * longer than 2^31 - 1): then parse the body. Uses marshal's codes that
+ * every CPython since 3.4 reads ('0', 'N', 'F', 'T', 'i', 'l', 'g', 'z', 'a',
+ * 'u', '[', '{', 'r'). */
+const unsigned char *fq_result_marshal(const fq_result *result, size_t *len);
 /* Timing and size: {"queue_wait_ms", "connect_ms", "first_byte_ms",
  * "total_ms" (numbers), "bytes", "redirects", "attempts" (integers),
  * "http_version" (string), "reused_connection", "from_cache" (booleans)}. */

@@ -162,9 +162,9 @@ static inline int builder_open(fqs_builder *b, int object) {
 
 static inline void builder_close(fqs_builder *b) { b->depth--; }
 
-/* A member's key: the string body [p, end), `escaped` if it has a backslash. */
-static inline int builder_key(fqs_builder *b, const unsigned char *p, const unsigned char *end, int escaped) {
-    if (!escaped) {
+/* A member's key: the string body [p, end); `flags` from scan_string. */
+static inline int builder_key(fqs_builder *b, const unsigned char *p, const unsigned char *end, int flags) {
+    if (!(flags & FQS_STR_ESCAPED)) {
         b->key = (const char *)p;
         b->key_len = (size_t)(end - p);
         return 1;
@@ -173,9 +173,9 @@ static inline int builder_key(fqs_builder *b, const unsigned char *p, const unsi
     return b->key != NULL;
 }
 
-/* A string value: the body [p, end), `escaped` if it has a backslash. */
-static inline int builder_string(fqs_builder *b, const unsigned char *p, const unsigned char *end, int escaped) {
-    if (!escaped) return builder_put(b, json_stringn_nocheck((const char *)p, (size_t)(end - p)));
+/* A string value: the body [p, end); `flags` from scan_string. */
+static inline int builder_string(fqs_builder *b, const unsigned char *p, const unsigned char *end, int flags) {
+    if (!(flags & FQS_STR_ESCAPED)) return builder_put(b, json_stringn_nocheck((const char *)p, (size_t)(end - p)));
     size_t len;
     const char *text = decode_string(p, end, &b->value_buf, &len);
     return text && builder_put(b, json_stringn_nocheck(text, len));
@@ -207,8 +207,11 @@ static int slow_real(const unsigned char *p, size_t len, double *out) {
 
 /* A number token [start, end), checked: -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?,
  * an integer within int64 (jansson reads it with strtoll), or a real that
- * does not overflow (strtod). */
-static int builder_number(fqs_builder *b, const unsigned char *start, const unsigned char *end) {
+ * does not overflow (strtod). Sets *is_int and *integer, or *real (the
+ * correctly rounded double, as strtod gives it); 0 when strtod could not run.
+ * Shared by both builders (json_builder.h, json_marshal.h). */
+static int read_number(const unsigned char *start, const unsigned char *end, int *is_int, int64_t *integer,
+                       double *real) {
     const unsigned char *p = start;
     int negative = *p == '-';
     if (negative) p++;
@@ -222,8 +225,11 @@ static int builder_number(fqs_builder *b, const unsigned char *start, const unsi
     if (p == end) {
         /* An integer: at most 19 digits and within int64, so the magnitude is
          * exact in mantissa (up to 2^63 for the most negative value). */
-        return builder_put(b, json_integer(negative ? (json_int_t)(0 - mantissa) : (json_int_t)mantissa));
+        *is_int = 1;
+        *integer = negative ? (int64_t)(0 - mantissa) : (int64_t)mantissa;
+        return 1;
     }
+    *is_int = 0;
     long long exponent = 0; /* of ten, applied to mantissa */
     if (*p == '.') {
         p++;
@@ -245,17 +251,23 @@ static int builder_number(fqs_builder *b, const unsigned char *start, const unsi
         }
         exponent += exp_negative ? -e : e;
     }
-    double d;
     if (significant <= 19 && mantissa < (UINT64_C(1) << 53) && exponent >= -22 && exponent <= 22) {
         /* Both operands exact, one correctly rounded operation: the correctly
          * rounded value, which is what strtod gives (Clinger's fast path). */
-        d = (double)mantissa;
+        double d = (double)mantissa;
         d = exponent < 0 ? d / exact_pow10[-exponent] : d * exact_pow10[exponent];
-        if (negative) d = -d;
-    } else if (!slow_real(start, (size_t)(end - start), &d)) {
-        return 0;
+        *real = negative ? -d : d;
+        return 1;
     }
-    return builder_put(b, json_real(d));
+    return slow_real(start, (size_t)(end - start), real);
+}
+
+static int builder_number(fqs_builder *b, const unsigned char *start, const unsigned char *end) {
+    int is_int;
+    int64_t integer;
+    double real;
+    if (!read_number(start, end, &is_int, &integer, &real)) return 0;
+    return builder_put(b, is_int ? json_integer((json_int_t)integer) : json_real(real));
 }
 
 #endif

@@ -8,6 +8,12 @@ static inline int is_ws(unsigned char c) {
     return c == ' ' || c == '\t' || c == '\n' || c == '\r';
 }
 
+/* What scan_string (json_walk.c) tells the builders about a string body. */
+enum {
+    FQS_STR_ESCAPED = 1,  /* it has a backslash escape */
+    FQS_STR_NONASCII = 2, /* it has a raw byte >= 0x80 (valid UTF-8) */
+};
+
 static inline int is_digit(unsigned char c) { return (unsigned)(c - '0') < 10u; }
 
 static inline const unsigned char *skip_ws(const unsigned char *p, const unsigned char *end) {

@@ -30,6 +30,7 @@
 #define _GNU_SOURCE
 #include "fq_json.h"
 #include "json_builder.h"
+#include "json_marshal.h"
 #include "json_chars.h"
 
 #include <stdint.h>
@@ -82,10 +83,11 @@ static const unsigned char *scan_utf8(const unsigned char *p, const unsigned cha
  * Then, decoding: a \u high surrogate (D800-DBFF) must be immediately
  * followed by \u and a low surrogate (DC00-DFFF); a low surrogate on its own
  * is an error. \u0000 is accepted in values (JSON_ALLOW_NUL) but an object
- * key containing it is rejected (json_error_null_byte_in_key). Sets
- * *escaped when the body has a backslash. */
+ * key containing it is rejected (json_error_null_byte_in_key). Adds
+ * FQS_STR_ESCAPED to *flags when the body has a backslash, FQS_STR_NONASCII
+ * when it has a raw byte >= 0x80. */
 static inline const unsigned char *scan_string(const unsigned char *p, const unsigned char *end, int is_key,
-                                                 int *escaped) {
+                                                 int *flags) {
     for (;;) { /* every round consumes at least one byte, or returns */
 #if defined(__SSE2__)
         /* Skip 16 ordinary bytes at a time. As signed bytes, "< 0x20" catches
@@ -113,7 +115,7 @@ static inline const unsigned char *scan_string(const unsigned char *p, const uns
 #endif
         if (*p == '"') return p + 1;
         if (*p == '\\') {
-            *escaped = 1;
+            *flags |= FQS_STR_ESCAPED;
             p++;
             if (p == end) return NULL;
             switch (*p) {
@@ -142,6 +144,7 @@ static inline const unsigned char *scan_string(const unsigned char *p, const uns
         } else if (*p < 0x20) {
             return NULL; /* raw control character, NUL included */
         } else {
+            *flags |= FQS_STR_NONASCII;
             p = scan_utf8(p, end);
             if (!p) return NULL;
         }
@@ -281,10 +284,12 @@ static inline int literal_at(const unsigned char *p, const unsigned char *end, c
 
 /* The walk: 1 when JSONParser.parse accepts the bytes. With a builder it
  * also makes the value (b->root, also the part made so far when it fails;
- * it fails too when an allocation fails); b is a constant in each caller,
- * where this is inlined. */
+ * it fails too when an allocation fails). With a marshal encoder it also
+ * writes the value in marshal's format (m->out; what the encoder cannot
+ * write sets m->failed and does not end the walk). At most one of b and m
+ * is given; each is a constant in each caller, where this is inlined. */
 static inline __attribute__((always_inline)) int walk(const unsigned char *bytes, size_t len, long max_depth,
-                                                      fqs_builder *b) {
+                                                      fqs_builder *b, fqs_marshal *m) {
     if (bytes == NULL || len == 0) return 0; /* the pre-scan: no value at all */
     const unsigned char *p = bytes;
     const unsigned char *end = bytes + len;
@@ -318,12 +323,14 @@ value:
         in_object[depth / 8] = (unsigned char)(object ? in_object[depth / 8] | bit : in_object[depth / 8] & ~bit);
         depth++;
         if (b && !builder_open(b, object)) return 0;
+        if (m) marshal_open(m, object);
         p = skip_ws(p + 1, end);
         if (p == end) return 0;
         if (*p == (object ? '}' : ']')) {
             p++;
             depth--;
             if (b) builder_close(b);
+            if (m) marshal_close(m);
             goto after_value;
         }
         if (object) goto key;
@@ -331,10 +338,11 @@ value:
     }
     case '"': {
         const unsigned char *start = p + 1;
-        int escaped = 0;
-        p = scan_string(start, end, 0, &escaped);
+        int flags = 0;
+        p = scan_string(start, end, 0, &flags);
         if (!p) return 0;
-        if (b && !builder_string(b, start, p - 1, escaped)) return 0;
+        if (b && !builder_string(b, start, p - 1, flags)) return 0;
+        if (m) marshal_string(m, start, p - 1, flags);
         goto after_value;
     }
     case 't':
@@ -346,6 +354,7 @@ value:
         if (!literal_at(p, end, words[which], n)) return 0;
         p += n;
         if (b && !builder_put(b, which == 0 ? json_true() : which == 1 ? json_false() : json_null())) return 0;
+        if (m) marshal_byte(m, which == 0 ? 'T' : which == 1 ? 'F' : 'N');
         goto after_value;
     }
     case '-': case '0': case '1': case '2': case '3': case '4':
@@ -355,6 +364,7 @@ value:
         p = scan_number(p, end);
         if (!p) return 0;
         if (b && !builder_number(b, start, p)) return 0;
+        if (m) marshal_number(m, start, p);
         goto after_value;
     }
     default:
@@ -365,10 +375,11 @@ key: /* p is at a non-whitespace byte where an object key must start */
     if (*p != '"') return 0;
     {
         const unsigned char *start = p + 1;
-        int escaped = 0;
-        p = scan_string(start, end, 1, &escaped);
+        int flags = 0;
+        p = scan_string(start, end, 1, &flags);
         if (!p) return 0;
-        if (b && !builder_key(b, start, p - 1, escaped)) return 0;
+        if (b && !builder_key(b, start, p - 1, flags)) return 0;
+        if (m) marshal_key(m, start, p - 1, flags);
     }
     p = skip_ws(p, end);
     if (p == end || *p != ':') return 0;
@@ -396,19 +407,29 @@ after_value:
     p++;
     depth--;
     if (b) builder_close(b);
+    if (m) marshal_close(m);
     goto after_value;
 }
 
 int fqs_json_valid(const unsigned char *bytes, size_t len, long max_depth) {
-    return walk(bytes, len, max_depth, NULL);
+    return walk(bytes, len, max_depth, NULL, NULL);
 }
 
 void *fqs_json_build(const unsigned char *bytes, size_t len, long max_depth) {
     fqs_builder b;
     builder_init(&b);
-    int ok = walk(bytes, len, max_depth, &b);
+    int ok = walk(bytes, len, max_depth, &b, NULL);
     builder_release(&b);
     if (ok) return b.root;
     json_decref(b.root); /* NULL-safe: frees the part made so far */
     return NULL;
+}
+
+int fqs_json_marshal(const unsigned char *bytes, size_t len, long max_depth, unsigned char **out, size_t *out_len) {
+    fqs_marshal m;
+    marshal_init(&m, len);
+    int ok = walk(bytes, len, max_depth, NULL, &m);
+    if (!ok) m.failed = 1;
+    *out = marshal_finish(&m, out_len);
+    return ok;
 }

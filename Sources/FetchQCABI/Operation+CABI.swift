@@ -180,6 +180,13 @@ public func fq_result_body(_ handle: OpaquePointer?, _ length: UnsafeMutablePoin
 }
 
 @c @implementation
+public func fq_result_marshal(_ handle: OpaquePointer?, _ length: UnsafeMutablePointer<Int>?) -> UnsafePointer<UInt8>? {
+    let data = result(handle)?.marshalBytes
+    length?.pointee = data?.count ?? 0
+    return data?.baseAddress.map { UnsafePointer($0) }
+}
+
+@c @implementation
 public func fq_result_metrics(_ handle: OpaquePointer?) -> UnsafeMutablePointer<json_t>? {
     result(handle)?.http?.metrics?.pointer
 }

@@ -16,6 +16,19 @@ import Testing
         bytes.withUnsafeBufferPointer { fqs_json_valid($0.baseAddress, $0.count, maxDepth) } == 1
     }
 
+    /// The verdict of the walk that also writes marshal's format
+    /// (`fqs_json_marshal`), which must be the validator's; `written` when
+    /// it wrote the value (only ever for valid input).
+    static func marshalWalk(_ bytes: [UInt8], maxDepth: Int) -> (valid: Bool, written: Bool) {
+        var out: UnsafeMutablePointer<UInt8>? = nil
+        var count = 0
+        let valid = bytes.withUnsafeBufferPointer {
+            fqs_json_marshal($0.baseAddress, $0.count, maxDepth, &out, &count)
+        } == 1
+        free(out)
+        return (valid, out != nil)
+    }
+
     /// jansson's verdict (`JSONParser.parse` itself builds valid input with
     /// `fqs_json_build`, which asks this validator first).
     static func parser(_ bytes: [UInt8], maxDepth: Int) -> Bool {
@@ -104,6 +117,10 @@ import Testing
         for (name, bytes) in files {
             guard let parsed = Self.agree(bytes, maxDepth: maxDepth, name) else { continue }
             if parsed { accepted += 1 }
+            // The marshal walk: the same verdict, and (none of these nests past
+            // its 500 levels) the value written for every valid file.
+            let marshal = Self.marshalWalk(bytes, maxDepth: maxDepth)
+            #expect(marshal.valid == parsed && marshal.written == parsed, "\(name): marshal walk \(marshal)")
             // Spot-check the verdicts themselves (the deep i_ file and the NUL key aside).
             if name.hasPrefix("y_") && name != "y_object_escaped_null_in_key.json" && maxDepth >= 512 {
                 #expect(parsed, "\(name) should be valid")
@@ -383,7 +400,15 @@ import Testing
                 comparisons += 1
                 let expected = Self.parser(bytes, maxDepth: maxDepth)
                 let actual = Self.validator(bytes, maxDepth: maxDepth)
+                let marshal = Self.marshalWalk(bytes, maxDepth: maxDepth)
                 if expected { accepted += 1 }
+                if marshal.valid != actual || (marshal.written && !actual) {
+                    mismatches += 1
+                    if mismatches <= 20 {
+                        Issue.record(
+                            "fuzz mismatch, maxDepth \(maxDepth): marshal walk \(marshal), validator \(actual), input hex \(Self.hex(bytes))")
+                    }
+                }
                 if actual != expected {
                     mismatches += 1
                     if mismatches <= 20 {

@@ -570,6 +570,11 @@ void net_done(const fq_result *res, void *userdata) {
             n->body = NULL;
             n->body_len = len; /* the contract: 0 */
         }
+        len = 12345;
+        const unsigned char *mb = fq_result_marshal(res, &len);
+        n->marshal = mb ? malloc(len ? len : 1) : NULL;
+        if (n->marshal) memcpy(n->marshal, mb, len);
+        n->marshal_len = len; /* the contract: 0 without it */
     }
     rec_done(res, &n->r);
 }
@@ -579,6 +584,7 @@ void netrec_clear(netrec *n) {
     json_decref(n->headers);
     json_decref(n->metrics);
     free(n->body);
+    free(n->marshal);
     n->headers = n->metrics = NULL;
-    n->body = NULL;
+    n->body = n->marshal = NULL;
 }

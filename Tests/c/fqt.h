@@ -184,6 +184,8 @@ typedef struct netrec {
     size_t body_len;
     bool from_cache;    /* fq_result_from_cache() */
     bool has_value;     /* fq_result_has_value(), read before fq_result_value() */
+    unsigned char *marshal; /* malloc'ed copy of fq_result_marshal(), NULL if none */
+    size_t marshal_len;
 } netrec;
 
 void net_done(const fq_result *res, void *userdata);

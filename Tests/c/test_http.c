@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "fqt.h"
 
@@ -828,6 +829,7 @@ TEST(http_rejected_at_submit_never_called_back) {
         {"{\"parse\": 1}", "parse a number", "parse"},
         {"{\"parse\": \"yaml\"}", "unknown parse mode", "parse"},
         {"{\"lazy_parse\": 1}", "lazy_parse a number", "lazy_parse"},
+        {"{\"marshal\": \"yes\"}", "marshal a string", "marshal"},
         {"{\"accept_status\": 404}", "accept_status not an array", "accept_status"},
         {"{\"accept_status\": [\"4xy\"]}", "bad status class", "accept_status"},
         {"{\"verify_tls\": \"no\"}", "verify_tls a string", "verify_tls"},
@@ -1187,6 +1189,122 @@ TEST(http_retained_result_outlives_its_callback) {
     fq_result_release(kept);
     fq_result_release(NULL);
     CHECK(fq_result_retain(NULL) == NULL);
+}
+
+/* Writes `text` to dir/name. */
+static void write_file(const char *dir, const char *name, const char *text, size_t len) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    REQUIRE(f != NULL);
+    REQUIRE(fwrite(text, 1, len, f) == len);
+    REQUIRE(fclose(f) == 0);
+}
+
+/* Option "marshal": the value in CPython's marshal format, byte for byte as
+ * fetchq.h describes it (these bytes were checked with Python's
+ * marshal.loads against json.loads of the same text; the Python binding's
+ * tests check every JSONTestSuite file and generated documents that way). */
+TEST(http_marshal_writes_the_value_in_marshal_format) {
+    char dir[] = "/tmp/fqt-marshal-XXXXXX";
+    REQUIRE(mkdtemp(dir) != NULL);
+    static const char doc[] =
+        "{\"k\":[2147483648,-2147483649,-9223372036854775808,1.5,-0.0,\"\\u00e9\",true,false,null,7],"
+        "\"o\":{\"k\":\"x\",\"k\":\"y\"}}";
+    /* '{', key "k" flagged as reference 0 ('z' | 0x80), the list of 10: 2^31,
+     * -(2^31 + 1) and -2^63 in 15-bit digits ('l'), 1.5 and -0.0 ('g'), "é"
+     * ('u', UTF-8), 'T', 'F', 'N', 7 ('i'); key "o" (reference 1), a dict
+     * whose repeated key "k" refers to reference 0 ('r') twice, then the
+     * two dicts' ends ('0'). */
+    static const unsigned char want[] =
+        "\x7b\xfa\x01\x6b\x5b\x0a\x00\x00\x00\x6c\x03\x00\x00\x00\x00\x00\x00\x00\x02\x00\x6c\xfd\xff\xff\xff"
+        "\x01\x00\x00\x00\x02\x00\x6c\xfb\xff\xff\xff\x00\x00\x00\x00\x00\x00\x00\x00\x08\x00\x67\x00\x00\x00"
+        "\x00\x00\x00\xf8\x3f\x67\x00\x00\x00\x00\x00\x00\x00\x80\x75\x02\x00\x00\x00\xc3\xa9\x54\x46\x4e\x69"
+        "\x07\x00\x00\x00\xfa\x01\x6f\x7b\x72\x00\x00\x00\x00\x7a\x01\x78\x72\x00\x00\x00\x00\x7a\x01\x79\x30"
+        "\x30";
+    write_file(dir, "doc.json", doc, sizeof doc - 1);
+    /* 300 ASCII bytes: 'a' with a 4-byte length (up to 255: 'z') */
+    char long_doc[310];
+    memset(long_doc, 'x', sizeof long_doc);
+    long_doc[0] = '[';
+    long_doc[1] = '"';
+    long_doc[302] = '"';
+    long_doc[303] = ']';
+    write_file(dir, "long.json", long_doc, 304);
+    /* raw UTF-8 (no escape): 'u', never 'z' */
+    write_file(dir, "utf8.json", "[\"\xc3\xbc\"]", 6);
+    /* 501 nested arrays: valid JSON, too deep for the marshal form */
+    char deep[1002];
+    memset(deep, '[', 501);
+    memset(deep + 501, ']', 501);
+    write_file(dir, "deep.json", deep, sizeof deep);
+    write_file(dir, "bad.json", "[1,]", 4);
+
+    fqt_server s;
+    fqt_server_start(&s, dir);
+    fq_engine *e = fqt_engine(NULL);
+    fq_queue *q = fqt_queue(e, "q", 2);
+    char url_buf_[256];
+    const char *with[] = {"{\"marshal\": true}", "{\"marshal\": true, \"lazy_parse\": true}"};
+    for (int i = 0; i < 2; i++) {
+        netrec n;
+        fetch(e, q, NULL, URL(&s, "/file/doc.json"), with[i], &n);
+        expect(&n, FQ_SUCCEEDED, FQ_OK, with[i]);
+        CHECK(n.has_value);
+        CHECK_EQ_INT((long long)n.marshal_len, (long long)(sizeof want - 1));
+        if (n.marshal && n.marshal_len == sizeof want - 1 && memcmp(n.marshal, want, sizeof want - 1) != 0)
+            FAILF("%s: the marshal bytes differ", with[i]);
+        if (!n.marshal) FAILF("%s: no marshal bytes", with[i]);
+        netrec_clear(&n);
+
+        fetch(e, q, NULL, URL(&s, "/file/long.json"), with[i], &n);
+        expect(&n, FQ_SUCCEEDED, FQ_OK, with[i]);
+        REQUIRE(n.marshal != NULL);
+        CHECK_EQ_INT((long long)n.marshal_len, 5 + 5 + 300);
+        CHECK(memcmp(n.marshal, "[\x01\x00\x00\x00" "a\x2c\x01\x00\x00", 10) == 0);
+        CHECK(n.marshal_len == 310 && n.marshal[10] == 'x' && n.marshal[309] == 'x');
+        netrec_clear(&n);
+
+        fetch(e, q, NULL, URL(&s, "/file/utf8.json"), with[i], &n);
+        expect(&n, FQ_SUCCEEDED, FQ_OK, with[i]);
+        CHECK(n.marshal_len == 12 && n.marshal &&
+              memcmp(n.marshal, "[\x01\x00\x00\x00" "u\x02\x00\x00\x00\xc3\xbc", 12) == 0);
+        netrec_clear(&n);
+
+        /* too deep for it: the value is still there, the marshal form not */
+        fetch(e, q, NULL, URL(&s, "/file/deep.json"), with[i], &n);
+        expect(&n, FQ_SUCCEEDED, FQ_OK, with[i]);
+        CHECK(n.has_value);
+        CHECK(n.marshal == NULL && n.marshal_len == 0);
+        netrec_clear(&n);
+
+        /* not JSON: the same failure as without the option, and none */
+        fetch(e, q, NULL, URL(&s, "/file/bad.json"), with[i], &n);
+        expect(&n, FQ_FAILED, FQ_ERR_PARSE, with[i]);
+        CHECK(n.marshal == NULL && n.marshal_len == 0);
+        netrec_clear(&n);
+    }
+    /* without the option, or without a parse: none */
+    const char *without[] = {NULL, "{\"lazy_parse\": true}", "{\"marshal\": false}",
+                             "{\"marshal\": true, \"parse\": \"none\"}"};
+    for (int i = 0; i < 4; i++) {
+        netrec n;
+        fetch(e, q, NULL, URL(&s, "/file/doc.json"), without[i], &n);
+        expect(&n, FQ_SUCCEEDED, FQ_OK, without[i] ? without[i] : "no options");
+        CHECK(n.marshal == NULL && n.marshal_len == 0);
+        CHECK(n.body_len == sizeof doc - 1);
+        netrec_clear(&n);
+    }
+    CHECK(fq_result_marshal(NULL, NULL) == NULL);
+    fqt_engine_free(e);
+    fqt_server_stop(&s);
+    const char *names[] = {"doc.json", "long.json", "utf8.json", "deep.json", "bad.json"};
+    for (int i = 0; i < 5; i++) {
+        char path[512];
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        unlink(path);
+    }
+    rmdir(dir);
 }
 
 TEST(http_lazy_parse_builds_the_value_on_first_read) {

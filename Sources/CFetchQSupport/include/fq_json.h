@@ -42,4 +42,13 @@ int fqs_json_valid(const unsigned char *bytes, size_t len, long max_depth);
  * fqs_json_valid does: json_walk.c, json_builder.h. */
 void *fqs_json_build(const unsigned char *bytes, size_t len, long max_depth);
 
+/* fqs_json_valid(bytes, len, max_depth), and when it is 1, the value also
+ * written in CPython's marshal format: *out gets a malloc'd buffer (free()
+ * it) of *out_len bytes that marshal.loads() reads to what json.loads()
+ * reads from the same bytes, or NULL (and *out_len 0) when the input is not
+ * valid or the value cannot be written that way (nested deeper than 500
+ * levels, a string or list longer than INT32_MAX, no memory). One walk:
+ * json_walk.c, json_marshal.h. */
+int fqs_json_marshal(const unsigned char *bytes, size_t len, long max_depth, unsigned char **out, size_t *out_len);
+
 #endif

@@ -87,6 +87,8 @@ public final class OperationResult: @unchecked Sendable {
     /// The response body at a stable address for the C ABI (fq_result_body),
     /// copied on first use (most callers never ask).
     public var bodyBytes: UnsafeBufferPointer<UInt8>? { http?.bodyBytes }
+    /// Option "marshal": the parsed body in CPython's marshal format.
+    public var marshalBytes: UnsafeBufferPointer<UInt8>? { http?.marshalBytes }
 
     deinit {
         free(UnsafeMutablePointer<CChar>(bitPattern: cMessage.load(ordering: .acquiring)))

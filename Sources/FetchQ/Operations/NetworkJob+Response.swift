@@ -1,4 +1,6 @@
+import CFetchQSupport
 import CJansson
+import Glibc
 import Synchronization
 
 /// What a network operation's result carries besides the value.
@@ -32,15 +34,23 @@ public struct HTTPInfo: Sendable {
         details = HTTPDetails(response: nil, queueWaitMs: queueWaitMs, attempts: attempts, fromCache: false)
     }
 
-    init(_ response: HTTPResponse, queueWaitMs: Double, attempts: Int, fromCache: Bool) {
+    /// `marshal`: a buffer from `fqs_json_marshal` (malloc'd), now owned
+    /// by the result.
+    init(_ response: HTTPResponse, queueWaitMs: Double, attempts: Int, fromCache: Bool,
+         marshal: UnsafeMutableBufferPointer<UInt8>? = nil) {
         status = response.status
         self.fromCache = fromCache
-        details = HTTPDetails(response: response, queueWaitMs: queueWaitMs, attempts: attempts, fromCache: fromCache)
+        details = HTTPDetails(response: response, queueWaitMs: queueWaitMs, attempts: attempts, fromCache: fromCache,
+                              marshal: marshal)
     }
 
     /// The body at a stable address for the C ABI (`fq_result_body`); nil
     /// when the body is empty.
     var bodyBytes: UnsafeBufferPointer<UInt8>? { details.bodyBytes }
+    /// Option "marshal": the parsed body in CPython's marshal format
+    /// (`fq_result_marshal`); nil without the option or when it could not be
+    /// written that way.
+    var marshalBytes: UnsafeBufferPointer<UInt8>? { details.marshal.map { UnsafeBufferPointer($0) } }
 }
 
 /// The response's raw parts, and the JSON objects made from them on first use.
@@ -68,6 +78,9 @@ final class HTTPDetails: Sendable {
     nonisolated(unsafe) private let storage: UnsafeMutableBufferPointer<UInt8>?
     /// A larger body; empty otherwise.
     private let largeBody: [UInt8]
+    /// Option "marshal": the parsed body in marshal's format (malloc'd by
+    /// `fqs_json_marshal`, freed with the result). Immutable after init.
+    nonisolated(unsafe) let marshal: UnsafeMutableBufferPointer<UInt8>?
     /// 0, or the bit pattern of `largeBody`'s copy (`largeBody.count` bytes).
     private let builtBody = Atomic<UInt>(0)
     let transfer: TransferMetrics?
@@ -86,8 +99,10 @@ final class HTTPDetails: Sendable {
     private let builtMetrics = Atomic<UInt>(0)
     private let builtValue = Atomic<UInt>(0)
 
-    init(response: HTTPResponse?, queueWaitMs: Double, attempts: Int, fromCache: Bool) {
+    init(response: HTTPResponse?, queueWaitMs: Double, attempts: Int, fromCache: Bool,
+         marshal: UnsafeMutableBufferPointer<UInt8>? = nil) {
         headerList = response?.headers
+        self.marshal = marshal
         let body = response?.body ?? []
         if body.count > Self.eagerCopyLimit {
             storage = nil
@@ -112,6 +127,7 @@ final class HTTPDetails: Sendable {
         Self.releaseBuilt(builtMetrics)
         Self.releaseBuilt(builtValue)
         storage?.deallocate()
+        free(marshal?.baseAddress)
         UnsafeMutableRawPointer(bitPattern: builtBody.load(ordering: .acquiring))?.deallocate()
     }
 
@@ -186,6 +202,18 @@ final class HTTPDetails: Sendable {
 }
 
 extension NetworkJob {
+    /// Whether `body` is one JSON value that `JSONParser.parse` accepts at
+    /// `maxDepth` (`JSONParser.isValid`), checked by the walk that also
+    /// writes it in marshal's format into `out` (left nil when it is not
+    /// valid, or valid but cannot be written that way: see fq_json.h).
+    static func marshal(_ body: [UInt8], maxDepth: Int, into out: inout UnsafeMutableBufferPointer<UInt8>?) -> Bool {
+        var data: UnsafeMutablePointer<UInt8>? = nil
+        var count = 0
+        let valid = body.withUnsafeBufferPointer { fqs_json_marshal($0.baseAddress, $0.count, maxDepth, &data, &count) } == 1
+        if let data { out = UnsafeMutableBufferPointer(start: data, count: count) }
+        return valid
+    }
+
     /// Turns the transport's outcome into the operation's result. Runs on
     /// the transfer thread that received a small response, else on a worker
     /// (see Engine.endsOnLoop).
@@ -201,18 +229,26 @@ extension NetworkJob {
             return OperationResult(id: id, outcome: .failed, status: Self.status(of: error.kind),
                                    message: "\(request.method) \(request.url): \(error.message)", value: nil, http: info)
         case .success(let response):
-            var info = HTTPInfo(response, queueWaitMs: queueWaitMs, attempts: attempts, fromCache: fromCache)
             if cancelled {
                 return OperationResult(id: id, outcome: .cancelled, status: .cancelled,
-                                       message: "operation \(id) was cancelled", value: nil, http: info)
+                                       message: "operation \(id) was cancelled", value: nil,
+                                       http: HTTPInfo(response, queueWaitMs: queueWaitMs, attempts: attempts,
+                                                      fromCache: fromCache))
             }
             let accepted = accepts(response.status)
             var value: JSONRef? = nil
             var parseError: String? = nil
+            var lazyDepth: Int? = nil
+            var marshalled: UnsafeMutableBufferPointer<UInt8>? = nil
             if shouldParse(response) {
-                if lazyParse && search == nil && JSONParser.isValid(response.body, maxDepth: maxJSONDepth) {
+                // Option "marshal" (requests only): the one walk that checks
+                // the body also writes it in marshal's format.
+                let checked = marshal && search == nil
+                    ? Self.marshal(response.body, maxDepth: maxJSONDepth, into: &marshalled)
+                    : lazyParse && search == nil && JSONParser.isValid(response.body, maxDepth: maxJSONDepth)
+                if lazyParse && search == nil && checked {
                     // Checked, not built: the value is parsed when first read.
-                    info.lazyValueDepth = maxJSONDepth
+                    lazyDepth = maxJSONDepth
                 } else {
                     // (Also when the check said no: jansson's parse gives the message.)
                     do {
@@ -222,6 +258,10 @@ extension NetworkJob {
                     }
                 }
             }
+            var info = HTTPInfo(response, queueWaitMs: queueWaitMs, attempts: attempts, fromCache: fromCache,
+                                marshal: parseError == nil ? marshalled : nil)
+            if parseError != nil { free(marshalled?.baseAddress) }
+            info.lazyValueDepth = lazyDepth
             guard accepted else {
                 return OperationResult(id: id, outcome: .failed, status: .http,
                                        message: "\(request.method) \(request.url): HTTP status \(response.status)",

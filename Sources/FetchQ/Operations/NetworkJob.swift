@@ -13,6 +13,9 @@ public struct NetworkJob: Sendable {
     /// Option "lazy_parse": check the body at the end of the transfer, parse
     /// it into a value only when the value is first read.
     var lazyParse = false
+    /// Option "marshal": also keep the parsed body in CPython's marshal
+    /// format (`fq_result_marshal`), written by the walk that checks it.
+    var marshal = false
     /// Statuses that count as success (default 200...299).
     var accept: [ClosedRange<Int>] = [200...299]
     var maxJSONDepth: Int
@@ -130,6 +133,7 @@ struct RequestTemplate {
     var settings: NetworkSettings
     var parse: NetworkJob.Parse? = nil
     var lazyParse: Bool? = nil
+    var marshal: Bool? = nil
     var accept: [ClosedRange<Int>] = []
 
     /// Reads the request object and the network options. `urlGiven`: the
@@ -208,16 +212,18 @@ struct RequestTemplate {
         return (RequestTemplate(method: method, headers: headers, query: query, body: body, settings: settings), url)
     }
 
-    /// "parse", "lazy_parse" and "accept_status".
+    /// "parse", "lazy_parse", "marshal" and "accept_status".
     mutating func readResponseOptions(_ r: inout OptionReader) throws(FetchQError) {
         if let p = try r.choice("parse", ["auto", "json", "none"]) { parse = NetworkJob.Parse(rawValue: p)! }
         if let lazy = try r.bool("lazy_parse") { lazyParse = lazy }
+        if let m = try r.bool("marshal") { marshal = m }
         if let v = r.value("accept_status") { accept = try NetworkJob.acceptList(v, r.path("accept_status")) }
     }
 
     func applyResponseOptions(to job: inout NetworkJob) {
         if let parse { job.parse = parse }
         if let lazyParse { job.lazyParse = lazyParse }
+        if let marshal { job.marshal = marshal }
         job.accept += accept
     }
 
