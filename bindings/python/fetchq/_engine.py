@@ -310,13 +310,21 @@ class Response(_HeldHTTPParts):
             _drop_held(self)
 
     def _parse_body(self) -> Any:
-        """json.loads of the body; a body not copied yet is decoded straight
-        from the held result (one copy instead of two). Only for a body the
-        engine checked as JSON: it is UTF-8 without a BOM then, so this is
-        exactly what json.loads(self.body) gives."""
+        """json.loads of the body. While the result is held (the body not
+        copied yet): its value in marshal's format if the engine wrote one
+        (option "marshal": the same value, fetchq.h), else the body decoded
+        straight from the held result (one copy instead of two). Only for a
+        body the engine checked as JSON: it is UTF-8 without a BOM then, so
+        this is exactly what json.loads(self.body) gives."""
         if self._body is _PENDING:
             with _LAZY_LOCK:
-                text = _ffi.body_text(self._hold.address) if self._body is _PENDING else None
+                if self._body is not _PENDING:
+                    text = None
+                else:
+                    value = _ffi.marshal_value(self._hold.address)
+                    if value is not _ffi.NO_MARSHAL:
+                        return value
+                    text = _ffi.body_text(self._hold.address)
             if text is not None:
                 return _loads_checked(text)
         return _json.loads(self.body)
@@ -703,6 +711,10 @@ class _Core:
         # requests ask for "lazy_parse": json() parses the body in Python, so
         # the engine only checks it (its value is built if something reads it)
         self.has_lazy_parse = self.lib.has("fq_result_has_value")
+        # ... and "marshal": the engine's thread that checks the body also
+        # writes its value in marshal's format, and json() makes the objects
+        # from that instead of scanning the text again (on CPython)
+        self.has_marshal = self.lib.has("fq_result_marshal") and _ffi.MARSHAL_READABLE
         # responses keep the fq_result, not its parts (built only if read)
         self.has_result_retain = self.lib.has("fq_result_retain")
         # option objects reused across submits; cleared when the engine is freed
@@ -1381,8 +1393,11 @@ class Queue:
         bytes) is sent as is. Non-UTF-8 bytes raise TypeError: the C request
         carries the body as a JSON string. ``options``: parse ("auto", "json",
         "none"), lazy_parse (default True here: the engine checks the body but
-        builds its own value only if a dependent reads it; ``json()`` parses
-        the body in Python either way), accept_status, timeout_ms, retry,
+        builds its own value only if a dependent reads it), marshal (default
+        True here on CPython: the engine's thread that checks the body also
+        writes its value in marshal's format, and ``json()`` makes the objects
+        from that instead of parsing the body on the calling thread; False:
+        ``json()`` parses the body), accept_status, timeout_ms, retry,
         coalesce, cache, ... and
         every common option. With ``cache="stale-while-revalidate"``,
         ``on_update(response)`` gets the cached :class:`Response` (its
@@ -1407,6 +1422,8 @@ class Queue:
         cb_done = core.completion_cb
         if core.has_lazy_parse and "lazy_parse" not in options:
             options["lazy_parse"] = True
+        if core.has_marshal and "marshal" not in options:
+            options["marshal"] = True
         try:
             opts = self._options(options, progress)
         except BaseException:
@@ -1464,6 +1481,8 @@ class Queue:
             return []
         if core.has_lazy_parse and "lazy_parse" not in options:
             options["lazy_parse"] = True
+        if core.has_marshal and "marshal" not in options:
+            options["marshal"] = True
         opts_dict = self._options(options, None)
         template = _ffi.to_json(req, "request")
         opts, owned = _options_json(core, opts_dict, template)

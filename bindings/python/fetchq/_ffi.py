@@ -48,7 +48,9 @@ import ctypes
 import ctypes.util
 import glob
 import json as _json
+import marshal as _marshal
 import os
+import sys
 import threading
 from ctypes import (
     CFUNCTYPE, POINTER, Structure, byref, c_bool, c_char, c_char_p, c_int,
@@ -244,6 +246,7 @@ FUNCTIONS: List[_Decl] = [
     ("fq_result_headers", c_void_p, [c_void_p], None),
     ("fq_result_body", c_void_p, [c_void_p, POINTER(c_size_t)], None),
     ("fq_result_metrics", c_void_p, [c_void_p], None),
+    ("fq_result_marshal", c_void_p, [c_void_p, POINTER(c_size_t)], None),
     ("fq_result_from_cache", c_bool, [c_void_p], None),
     # Item store
     ("fq_store_open", StoreP, [c_char_p, c_char_p, c_size_t], None),  # NULL: checked by Store
@@ -833,6 +836,40 @@ def _utf8_decoder() -> Optional[Callable[[Any, int, Optional[bytes]], str]]:
 
 
 _DECODE_UTF8 = _utf8_decoder()
+
+
+# The library writes marshal's format as CPython reads it (fetchq.h,
+# fq_result_marshal); other Pythons parse the body instead.
+MARSHAL_READABLE = sys.implementation.name == "cpython"
+
+
+def _marshal_reader() -> Optional[Callable[[Any, int], Any]]:
+    """CPython's PyMarshal_ReadObjectFromString (the objects straight from C
+    memory, no bytes copy), or None where ctypes has no pythonapi."""
+    api = getattr(ctypes, "pythonapi", None)
+    if api is None or not MARSHAL_READABLE:
+        return None
+    fn = api.PyMarshal_ReadObjectFromString
+    fn.restype = ctypes.py_object
+    fn.argtypes = [c_void_p, ctypes.c_ssize_t]
+    return fn
+
+
+_READ_MARSHAL = _marshal_reader()
+# What marshal_value returns when the result holds no marshal data.
+NO_MARSHAL: Any = object()
+
+
+def marshal_value(result: int) -> Any:
+    """The value a result holds in marshal's format (option "marshal"), or
+    NO_MARSHAL when it holds none (then parse the body)."""
+    length = c_size_t(0)
+    address = lib().fq_result_marshal(result, byref(length))
+    if not address:
+        return NO_MARSHAL
+    if _READ_MARSHAL is not None:
+        return _READ_MARSHAL(address, length.value)
+    return _marshal.loads(bytes_at(address, length.value))
 
 
 def body_text(result: int) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import faulthandler
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -121,6 +122,30 @@ def demo_server() -> Iterator[Server]:
     srv = start_server("--corpus", "demo")
     yield srv
     stop_server(srv.proc)
+
+
+def identical(a: Any, b: Any) -> bool:
+    """Equal, with the same types (1 is not 1.0, True is not 1), the same
+    sign of zero and the same key order (iterative: documents nest deep)."""
+    stack = [(a, b)]
+    while stack:
+        x, y = stack.pop()
+        if type(x) is not type(y):
+            return False
+        if isinstance(x, float):
+            if not (x == y and math.copysign(1.0, x) == math.copysign(1.0, y)):
+                return False
+        elif isinstance(x, list):
+            if len(x) != len(y):
+                return False
+            stack.extend(zip(x, y))
+        elif isinstance(x, dict):
+            if list(x) != list(y):
+                return False
+            stack.extend((x[k], y[k]) for k in x)
+        elif x != y:
+            return False
+    return True
 
 
 def search_config(srv: Server, **extra: Any) -> Dict[str, Any]:

@@ -13,7 +13,6 @@ import copy
 import ctypes
 import gc
 import json
-import math
 import os
 import pickle
 import random
@@ -28,7 +27,7 @@ import pytest
 import fetchq
 from fetchq import _engine, _ffi
 
-from conftest import SUITE, TIMEOUT, Server, needs_network, start_server, stop_server
+from conftest import SUITE, TIMEOUT, Server, identical, needs_network, start_server, stop_server
 
 pytestmark = needs_network
 
@@ -54,30 +53,6 @@ def eager(monkeypatch: pytest.MonkeyPatch) -> Eager:
 
     monkeypatch.setattr(_engine.Response, "_from_result", classmethod(spy))
     return seen
-
-
-def identical(a: Any, b: Any) -> bool:
-    """Equal, with the same types (1 is not 1.0, True is not 1), the same
-    sign of zero and the same key order (iterative: documents nest deep)."""
-    stack = [(a, b)]
-    while stack:
-        x, y = stack.pop()
-        if type(x) is not type(y):
-            return False
-        if isinstance(x, float):
-            if not (x == y and math.copysign(1.0, x) == math.copysign(1.0, y)):
-                return False
-        elif isinstance(x, list):
-            if len(x) != len(y):
-                return False
-            stack.extend(zip(x, y))
-        elif isinstance(x, dict):
-            if list(x) != list(y):
-                return False
-            stack.extend((x[k], y[k]) for k in x)
-        elif x != y:
-            return False
-    return True
 
 
 def fetch_all(srv: Server, names: List[str], **options: Any) -> Dict[str, Any]:
