@@ -39,9 +39,12 @@
 #include "json_builder.h"
 #include "json_chars.h"
 
-/* Deeper documents are left to json.loads, which under Python's default
- * recursion limit (1000) fails somewhere below 1000 levels, depending on how
- * deep its caller's stack is: below this depth both give the value. */
+/* Deeper documents get no output: the binding then parses the body with
+ * json.loads, which under Python's default recursion limit (1000) fails
+ * somewhere below 1000 levels, depending on how deep its caller's stack is
+ * (marshal's own reader allows 2000). Up to this depth the marshal form
+ * gives the value even where a caller deep in its stack would have made
+ * json.loads fail. */
 #define FQS_MARSHAL_MAX_DEPTH 500
 
 /* Keys remembered for references (the first ones of a document; later
