@@ -845,11 +845,13 @@ MARSHAL_READABLE = sys.implementation.name == "cpython"
 
 def _marshal_reader() -> Optional[Callable[[Any, int], Any]]:
     """CPython's PyMarshal_ReadObjectFromString (the objects straight from C
-    memory, no bytes copy), or None where ctypes has no pythonapi."""
+    memory, no bytes copy), or None where ctypes cannot reach it."""
     api = getattr(ctypes, "pythonapi", None)
     if api is None or not MARSHAL_READABLE:
         return None
-    fn = api.PyMarshal_ReadObjectFromString
+    fn = getattr(api, "PyMarshal_ReadObjectFromString", None)
+    if fn is None:      # then marshal.loads of a bytes copy
+        return None
     fn.restype = ctypes.py_object
     fn.argtypes = [c_void_p, ctypes.c_ssize_t]
     return fn

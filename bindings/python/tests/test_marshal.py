@@ -236,3 +236,15 @@ def test_jsontestsuite_files_read_exactly_as_json_loads(server: Server) -> None:
         accepted += 1
     # every y_ file but the one jansson cannot hold, and the i_ files it takes
     assert accepted == 94 + 3
+
+
+def test_without_pythonapi_the_bytes_are_read_with_marshal_loads(
+        doc_server: Tuple[Server, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    # where ctypes cannot reach PyMarshal_ReadObjectFromString: a bytes copy
+    monkeypatch.setattr(_ffi, "_READ_MARSHAL", None)
+    srv, _ = doc_server
+    names = ["gen003.json", "many_keys.json", "top_string.json"]
+    for name, r in _fetch_all(srv, "/file/", names).items():
+        carried = _marshalled(r)
+        assert carried is not _ffi.NO_MARSHAL
+        assert identical(carried, json.loads(DOCS[name])), name
