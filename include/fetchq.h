@@ -736,13 +736,13 @@ const unsigned char *fq_result_body(const fq_result *result, size_t *len);
  * marshal.loads() of it equals json.loads() of the body: the same types
  * (int, float, str, list, dict, True, False, None), float bits and key
  * order, a repeated key once, in its first place, with its last value. It
- * is written by the engine's thread that received the response (for a
- * binding whose own thread then only makes the objects). NULL with *len = 0
- * without the option, when the body did not parse, or when its value cannot
- * be written that way (nested deeper than 500 levels, a string or array
- * longer than 2^31 - 1): then parse the body. Uses marshal's codes that
- * every CPython since 3.4 reads ('0', 'N', 'F', 'T', 'i', 'l', 'g', 'z', 'a',
- * 'u', '[', '{', 'r'). */
+ * is written by an engine thread (the transfer thread that received a small
+ * response, else a worker), so that a binding's own thread only makes the
+ * objects. NULL with *len = 0 without the option, when the body did not
+ * parse, or when its value cannot be written that way (nested deeper than
+ * 500 levels, a string or array longer than 2^31 - 1): then parse the body.
+ * Uses marshal's codes that every CPython since 3.4 reads ('0', 'N', 'F',
+ * 'T', 'i', 'l', 'g', 'z', 'a', 'u', '[', '{', 'r'). */
 const unsigned char *fq_result_marshal(const fq_result *result, size_t *len);
 /* Timing and size: {"queue_wait_ms", "connect_ms", "first_byte_ms",
  * "total_ms" (numbers), "bytes", "redirects", "attempts" (integers),
