@@ -206,7 +206,8 @@ extension NetworkJob {
     /// `maxDepth` (`JSONParser.isValid`), checked by the walk that also
     /// writes it in marshal's format into `out` (left nil when it is not
     /// valid, or valid but cannot be written that way: see fq_json.h).
-    static func marshal(_ body: [UInt8], maxDepth: Int, into out: inout UnsafeMutableBufferPointer<UInt8>?) -> Bool {
+    static func isValidMarshalling(_ body: [UInt8], maxDepth: Int,
+                                   into out: inout UnsafeMutableBufferPointer<UInt8>?) -> Bool {
         var data: UnsafeMutablePointer<UInt8>? = nil
         var count = 0
         let valid = body.withUnsafeBufferPointer { fqs_json_marshal($0.baseAddress, $0.count, maxDepth, &data, &count) } == 1
@@ -241,12 +242,14 @@ extension NetworkJob {
             var lazyDepth: Int? = nil
             var marshalled: UnsafeMutableBufferPointer<UInt8>? = nil
             if shouldParse(response) {
-                // Option "marshal" (requests only): the one walk that checks
-                // the body also writes it in marshal's format.
+                // "lazy_parse" and "marshal" apply to requests only. With
+                // "marshal", the one walk that checks the body also writes
+                // it in marshal's format.
+                let lazy = lazyParse && search == nil
                 let checked = marshal && search == nil
-                    ? Self.marshal(response.body, maxDepth: maxJSONDepth, into: &marshalled)
-                    : lazyParse && search == nil && JSONParser.isValid(response.body, maxDepth: maxJSONDepth)
-                if lazyParse && search == nil && checked {
+                    ? Self.isValidMarshalling(response.body, maxDepth: maxJSONDepth, into: &marshalled)
+                    : lazy && JSONParser.isValid(response.body, maxDepth: maxJSONDepth)
+                if lazy && checked {
                     // Checked, not built: the value is parsed when first read.
                     lazyDepth = maxJSONDepth
                 } else {

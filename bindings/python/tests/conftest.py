@@ -18,8 +18,9 @@ import sys
 import tempfile
 import time
 import urllib.request
+from urllib.parse import quote
 from pathlib import Path
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
 import pytest
 
@@ -146,6 +147,20 @@ def identical(a: Any, b: Any) -> bool:
         elif x != y:
             return False
     return True
+
+
+def fetch_all(srv: Server, names: List[str], **options: Any) -> Dict[str, Any]:
+    """Every /file/NAME with parse="json": name -> Response or exception."""
+    with fetchq.Engine(workers=4, max_json_depth=100000) as engine:
+        q = engine.queue("files", max_concurrent=8)
+        futs = {n: q.get(srv.url("/file/" + quote(n, safe="")), parse="json", **options)
+                for n in names}
+        out = {}
+        for n, f in futs.items():
+            exc = f.exception(timeout=TIMEOUT)
+            out[n] = exc if exc is not None else f.result()
+        assert engine._core.violations == []
+    return out
 
 
 def search_config(srv: Server, **extra: Any) -> Dict[str, Any]:

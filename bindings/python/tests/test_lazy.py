@@ -20,14 +20,13 @@ import tempfile
 import threading
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Tuple
-from urllib.parse import quote
 
 import pytest
 
 import fetchq
 from fetchq import _engine, _ffi
 
-from conftest import SUITE, TIMEOUT, Server, identical, needs_network, start_server, stop_server
+from conftest import SUITE, TIMEOUT, Server, fetch_all, identical, needs_network, start_server, stop_server
 
 pytestmark = needs_network
 
@@ -53,20 +52,6 @@ def eager(monkeypatch: pytest.MonkeyPatch) -> Eager:
 
     monkeypatch.setattr(_engine.Response, "_from_result", classmethod(spy))
     return seen
-
-
-def fetch_all(srv: Server, names: List[str], **options: Any) -> Dict[str, Any]:
-    """Every /file/NAME with parse="json": name -> Response or exception."""
-    with fetchq.Engine(workers=4, max_json_depth=100000) as engine:
-        q = engine.queue("files", max_concurrent=8)
-        futs = {n: q.get(srv.url("/file/" + quote(n, safe="")), parse="json", **options)
-                for n in names}
-        out = {}
-        for n, f in futs.items():
-            exc = f.exception(timeout=TIMEOUT)
-            out[n] = exc if exc is not None else f.result()
-        assert engine._core.violations == []
-    return out
 
 
 def check_against_eager(outcomes: Dict[str, Any], eager: Eager) -> int:

@@ -21,14 +21,13 @@ import shutil
 import sys
 import tempfile
 from typing import Any, Dict, Iterator, List, Tuple
-from urllib.parse import quote
 
 import pytest
 
 import fetchq
 from fetchq import _ffi
 
-from conftest import SUITE, TIMEOUT, Server, identical, require_function, start_server, stop_server
+from conftest import SUITE, Server, fetch_all, identical, require_function, start_server, stop_server
 
 SEED = 20261123
 N_GENERATED = 400
@@ -129,13 +128,12 @@ def doc_server() -> Iterator[Tuple[Server, str]]:
     shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _fetch_all(srv: Server, base: str, names: List[str], **options: Any) -> Dict[str, Any]:
+def _responses(srv: Server, names: List[str], **options: Any) -> Dict[str, Any]:
+    """fetch_all, each of which must have succeeded."""
     require_function("fq_result_marshal")
-    with fetchq.Engine(workers=4, max_json_depth=100000) as engine:
-        q = engine.queue("marshal", max_concurrent=8)
-        futs = {n: q.get(srv.url(base + quote(n, safe="")), parse="json", **options) for n in names}
-        out = {n: f.result(timeout=TIMEOUT) for n, f in futs.items()}
-        assert engine._core.violations == []
+    out = fetch_all(srv, names, **options)
+    failed = {n: r for n, r in out.items() if not isinstance(r, fetchq.Response)}
+    assert not failed, failed
     return out
 
 
@@ -154,7 +152,7 @@ def test_the_binding_asks_for_it_on_cpython() -> None:
 
 def test_generated_documents_read_exactly_as_json_loads(doc_server: Tuple[Server, str]) -> None:
     srv, _ = doc_server
-    results = _fetch_all(srv, "/file/", sorted(DOCS))
+    results = _responses(srv, sorted(DOCS))
     written = 0
     for name, r in results.items():
         want = json.loads(DOCS[name])
@@ -174,7 +172,7 @@ def test_generated_documents_read_exactly_as_json_loads(doc_server: Tuple[Server
 
 def test_a_repeated_key_is_one_object_as_with_json_loads(doc_server: Tuple[Server, str]) -> None:
     srv, _ = doc_server
-    r = _fetch_all(srv, "/file/", ["many_keys.json"])["many_keys.json"]
+    r = _responses(srv, ["many_keys.json"])["many_keys.json"]
     v = r.json()
     want = json.loads(DOCS["many_keys.json"])
     first, second = (list(obj) for obj in v[:2])
@@ -188,7 +186,7 @@ def test_a_repeated_key_is_one_object_as_with_json_loads(doc_server: Tuple[Serve
 def test_without_the_option_json_parses_the_body(doc_server: Tuple[Server, str]) -> None:
     srv, _ = doc_server
     names = ["gen000.json", "gen001.json", "many_keys.json"]
-    results = _fetch_all(srv, "/file/", names, marshal=False)
+    results = _responses(srv, names, marshal=False)
     for name, r in results.items():
         assert _marshalled(r) is _ffi.NO_MARSHAL
         assert identical(r.json(), json.loads(DOCS[name]))
@@ -196,7 +194,7 @@ def test_without_the_option_json_parses_the_body(doc_server: Tuple[Server, str])
 
 def test_body_read_first_then_json(doc_server: Tuple[Server, str]) -> None:
     srv, _ = doc_server
-    r = _fetch_all(srv, "/file/", ["gen002.json"])["gen002.json"]
+    r = _responses(srv, ["gen002.json"])["gen002.json"]
     assert r.body == DOCS["gen002.json"]
     assert identical(r.json(), json.loads(DOCS["gen002.json"]))
 
@@ -215,14 +213,8 @@ SUITE_FILES = sorted(n for n in os.listdir(SUITE) if n.startswith(("y_", "i_")))
 
 def test_jsontestsuite_files_read_exactly_as_json_loads(server: Server) -> None:
     assert len(SUITE_FILES) == 95 + 35, "JSONTestSuite not found (or incomplete) at %s" % SUITE
-    results: Dict[str, Any] = {}
     require_function("fq_result_marshal")
-    with fetchq.Engine(workers=4, max_json_depth=100000) as engine:
-        q = engine.queue("suite", max_concurrent=8)
-        futs = {n: q.get(server.url("/file/" + quote(n, safe="")), parse="json") for n in SUITE_FILES}
-        for n, f in futs.items():
-            exc = f.exception(timeout=TIMEOUT)
-            results[n] = exc if exc is not None else f.result()
+    results = fetch_all(server, SUITE_FILES)
     accepted = 0
     for name, r in results.items():
         if isinstance(r, fetchq.ParseError):
@@ -244,7 +236,7 @@ def test_without_pythonapi_the_bytes_are_read_with_marshal_loads(
     monkeypatch.setattr(_ffi, "_READ_MARSHAL", None)
     srv, _ = doc_server
     names = ["gen003.json", "many_keys.json", "top_string.json"]
-    for name, r in _fetch_all(srv, "/file/", names).items():
+    for name, r in _responses(srv, names).items():
         carried = _marshalled(r)
         assert carried is not _ffi.NO_MARSHAL
         assert identical(carried, json.loads(DOCS[name])), name
