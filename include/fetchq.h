@@ -222,9 +222,14 @@ typedef void (*fq_async_fn)(fq_op *op, void *userdata);
  *                   submitted always pass their result. An older one still
  *                   counts as succeeded, but fq_op_dependency() gives a
  *                   result with no value, headers or body whose
- *                   fq_result_error() says it is no longer kept. Each kept
- *                   parsed document costs memory, and freeing it long after
- *                   it was made costs time (BENCHMARKS.md, P2)
+ *                   fq_result_error() says it is no longer kept. What is
+ *                   kept is the response (status, headers, body): the value
+ *                   such a dependent reads is parsed again from the body on
+ *                   its first read, equal to the callback's but another
+ *                   json_t, while the callback's document is freed once the
+ *                   callback and your retains are done with it (a search
+ *                   with "store" keeps its own result: its value says what
+ *                   storing did). Each kept response costs memory
  *   "max_per_host"  network operations running at once per host:port across
  *                   all queues (default 6, 1..1024)
  *   "connect_timeout_ms" (default 10000), "timeout_ms" total per request

@@ -8,12 +8,7 @@ import Testing
     let server: TestServer
     init() throws { server = try TestServer() }
 
-    var config: String {
-        """
-        {"search": {"url": "\(server.url("/search?q={query}&rpp=500"))", "results": "/results",
-                    "id": "/id", "sort": "/created_at", "order": "desc"}, "max_per_host": 8}
-        """
-    }
+    var config: String { server.searchConfig }
 
     func corpus(tag: String) throws -> [JSONRef] {
         let (status, body) = try server.get("/corpus?tag=\(tag)")

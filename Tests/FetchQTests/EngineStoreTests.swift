@@ -22,12 +22,7 @@ import Testing
         rmdir(directory)
     }
 
-    var config: String {
-        """
-        {"search": {"url": "\(server.url("/search?q={query}&rpp=500"))", "results": "/results",
-                    "id": "/id", "sort": "/created_at", "order": "desc"}, "max_per_host": 8}
-        """
-    }
+    var config: String { server.searchConfig }
 
     func corpusIDs(tag: String) throws -> Set<String> {
         let (_, body) = try server.get("/corpus?tag=\(tag)")

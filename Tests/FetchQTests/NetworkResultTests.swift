@@ -89,7 +89,7 @@ import Testing
             #expect(info.bodyBytes.map(Array.init) == bytes && info.body == bytes)
             var lazy = info  // the same details
             lazy.lazyValueDepth = 8
-            #expect(lazy.lazyValue.map { json_array_size($0.pointer) } == (size - 1) / 2)
+            #expect(lazy.parsedBody.map { json_array_size($0.pointer) } == (size - 1) / 2)
         }
     }
 

@@ -95,7 +95,8 @@ public final class Engine: @unchecked Sendable {
             history: config.history,
             historyValues: min(config.historyValues, config.history),
             rateLimits: config.rateLimits.mapValues { .init(perSecond: $0.perSecond, burst: $0.burst) },
-            isLight: { $0.isLight }))
+            isLight: { $0.isLight },
+            historyForm: { $0.historyForm ?? $0 }))
         delivery = try Delivery(mode: config.delivery) { [outstanding] queues in
             outstanding.done(queues)  // without the engine lock
         }

@@ -14,12 +14,28 @@ public final class OperationResult: @unchecked Sendable {
     /// use (a cancel-all ends many operations whose messages nobody reads).
     private let reason: EndReason?
     public var message: String? { reason?.message(for: id) }
-    /// The operation's value (nil if none). A request with "lazy_parse"
-    /// parses its body here, on first read.
-    public var value: JSONRef? { storedValue ?? http?.lazyValue }
+    /// The operation's value (nil if none). A result whose value is made
+    /// from its body (`http.lazyValueDepth`: a request with "lazy_parse",
+    /// or a history form) parses it here on first read, for itself alone.
+    public var value: JSONRef? { storedValue ?? builtValue }
     /// Whether `value` is non-nil, without parsing a lazy value.
     public var hasValue: Bool { storedValue != nil || http?.lazyValueDepth != nil }
     private let storedValue: JSONRef?
+    /// 0, or the bit pattern of an `Unmanaged<JSONRef>`: the value made from
+    /// the body, published by the first reader (see `HTTPDetails.shared`).
+    private let built = Atomic<UInt>(0)
+    /// A history form of a search: its value is the search's value of the
+    /// parsed body.
+    private let search: SearchRebuild?
+    /// What the scheduler's history keeps in this result's place for a
+    /// dependent submitted after the operation ended (`history_values`): a
+    /// result with the same outcome and response parts that parses the body
+    /// again if such a dependent reads the value. nil: the history keeps
+    /// this result. So a parsed document is freed when its callback and the
+    /// program are done with it, while it is still in the cache, instead of
+    /// up to `history_values` network results later, out of the cache by
+    /// then (bench/findings.md, "Twentieth round").
+    let historyForm: OperationResult?
     /// `message` as a C string, made on first use (see `messageCString`).
     private let cMessage = Atomic<UInt>(0)
     /// Status, headers, body and metrics of network operations; nil otherwise.
@@ -49,7 +65,8 @@ public final class OperationResult: @unchecked Sendable {
         return callback
     }
 
-    init(id: OpID, outcome: Outcome, status: FQStatus, message: String?, value: JSONRef?, http: HTTPInfo? = nil) {
+    init(id: OpID, outcome: Outcome, status: FQStatus, message: String?, value: JSONRef?, http: HTTPInfo? = nil,
+         historyForm: OperationResult? = nil) {
         self.id = id
         self.http = http
         self.outcome = outcome
@@ -57,6 +74,22 @@ public final class OperationResult: @unchecked Sendable {
         self.reason = message.map { .text($0) }
         self.storedValue = value
         self.owner = value == nil && http == nil ? nil : ReleaseList.current
+        self.search = nil
+        self.historyForm = historyForm
+    }
+
+    /// The history form of a succeeded network result (see `historyForm`):
+    /// `http.lazyValueDepth` set; `search` for a search's result.
+    init(historyFormOf id: OpID, http: HTTPInfo, search: SearchJob?) {
+        self.id = id
+        self.http = http
+        self.outcome = .succeeded
+        self.status = .ok
+        self.reason = nil
+        self.storedValue = nil
+        self.owner = ReleaseList.current
+        self.search = search.map(SearchRebuild.init)
+        self.historyForm = nil
     }
 
     /// An operation the scheduler ended before it started.
@@ -68,6 +101,17 @@ public final class OperationResult: @unchecked Sendable {
         self.reason = reason
         self.storedValue = nil
         self.owner = nil
+        self.search = nil
+        self.historyForm = nil
+    }
+
+    private var builtValue: JSONRef? {
+        guard let http, http.lazyValueDepth != nil else { return nil }
+        return HTTPDetails.shared(built) {
+            guard let document = http.parsedBody else { return nil }
+            guard let search else { return document }
+            return try? search.job.value(from: document)
+        }
     }
 
     /// `message` as a C string for the C ABI, valid as long as the result.
@@ -92,11 +136,19 @@ public final class OperationResult: @unchecked Sendable {
 
     deinit {
         free(UnsafeMutablePointer<CChar>(bitPattern: cMessage.load(ordering: .acquiring)))
+        HTTPDetails.releaseBuilt(built)
         if let owner, owner !== ReleaseList.current {
             if let storedValue { _ = owner.take(storedValue) }
             if let http { _ = owner.take(http.details) }
         }
     }
+}
+
+/// The search a history form's value is made with (boxed: most results
+/// are not history forms of searches).
+final class SearchRebuild: Sendable {
+    let job: SearchJob
+    init(_ job: SearchJob) { self.job = job }
 }
 
 /// Something that happened to a running operation before it ended,

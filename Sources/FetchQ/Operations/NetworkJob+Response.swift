@@ -23,11 +23,14 @@ public struct HTTPInfo: Sendable {
     public var body: [UInt8] { details.body }
     /// Timing and size (see `fq_result_metrics`). Built on first read.
     public var metrics: JSONRef? { details.metrics }
-    /// Option "lazy_parse": the body was checked as JSON (at this depth
-    /// limit) and its value is parsed on first read; nil otherwise.
+    /// The body was checked as JSON (at this depth limit) and its value is
+    /// parsed on first read, by and for each result that carries this
+    /// (`OperationResult.value`): option "lazy_parse", and the history form
+    /// of a result (`OperationResult.historyForm`). nil otherwise.
     var lazyValueDepth: Int? = nil
-    /// The lazily parsed body, built on first read and then shared.
-    var lazyValue: JSONRef? { lazyValueDepth.flatMap { details.value(maxDepth: $0) } }
+    /// The body parsed now, at `lazyValueDepth` (nil without it): a new
+    /// value on every call.
+    var parsedBody: JSONRef? { lazyValueDepth.flatMap { details.parsedBody(maxDepth: $0) } }
 
     /// A transfer that produced no response: metrics only.
     init(queueWaitMs: Double, attempts: Int) {
@@ -97,7 +100,6 @@ final class HTTPDetails: Sendable {
     /// 0, or the bit pattern of an `Unmanaged<JSONRef>` holding one retain.
     private let builtHeaders = Atomic<UInt>(0)
     private let builtMetrics = Atomic<UInt>(0)
-    private let builtValue = Atomic<UInt>(0)
 
     init(response: HTTPResponse?, queueWaitMs: Double, attempts: Int, fromCache: Bool,
          marshal: UnsafeMutableBufferPointer<UInt8>? = nil) {
@@ -125,13 +127,12 @@ final class HTTPDetails: Sendable {
     deinit {
         Self.releaseBuilt(builtHeaders)
         Self.releaseBuilt(builtMetrics)
-        Self.releaseBuilt(builtValue)
         storage?.deallocate()
         free(marshal?.baseAddress)
         UnsafeMutableRawPointer(bitPattern: builtBody.load(ordering: .acquiring))?.deallocate()
     }
 
-    private static func releaseBuilt(_ slot: borrowing Atomic<UInt>) {
+    static func releaseBuilt(_ slot: borrowing Atomic<UInt>) {
         if let p = UnsafeRawPointer(bitPattern: slot.load(ordering: .acquiring)) {
             Unmanaged<JSONRef>.fromOpaque(p).release()
         }
@@ -167,7 +168,7 @@ final class HTTPDetails: Sendable {
 
     /// The object published in `slot`, building and publishing it first if
     /// needed (nil, and nothing published, when `make` gives nil).
-    private static func shared(_ slot: borrowing Atomic<UInt>, _ make: () -> JSONRef?) -> JSONRef? {
+    static func shared(_ slot: borrowing Atomic<UInt>, _ make: () -> JSONRef?) -> JSONRef? {
         if let p = UnsafeRawPointer(bitPattern: slot.load(ordering: .acquiring)) {
             return Unmanaged<JSONRef>.fromOpaque(p).takeUnretainedValue()
         }
@@ -194,10 +195,13 @@ final class HTTPDetails: Sendable {
         }
     }
 
-    /// The body parsed (option "lazy_parse"). It was checked at the end of
-    /// the transfer, so this only fails if jansson ran out of memory.
-    func value(maxDepth: Int) -> JSONRef? {
-        Self.shared(builtValue) { withBody { try? JSONParser.parse($0, maxDepth: maxDepth) } }
+    /// The body parsed, a new value on every call. The body was checked at
+    /// the end of the transfer, so this only fails if jansson ran out of
+    /// memory. Not kept here: these parts are shared by a result and its
+    /// history form, and a document kept by the history went cold before it
+    /// was freed (bench/findings.md, "Twentieth round").
+    func parsedBody(maxDepth: Int) -> JSONRef? {
+        withBody { try? JSONParser.parse($0, maxDepth: maxDepth) }
     }
 }
 
@@ -292,7 +296,17 @@ extension NetworkJob {
                     }
                 }
             }
-            return OperationResult(id: id, outcome: .succeeded, status: .ok, message: nil, value: value, http: info)
+            // What the history keeps in this result's place for a dependent
+            // submitted later (see `OperationResult.historyForm`). Not for a
+            // search with "store": its value says what storing did.
+            var form: OperationResult? = nil
+            if value != nil || lazyDepth != nil, search?.store == nil {
+                var kept = info
+                kept.lazyValueDepth = maxJSONDepth
+                form = OperationResult(historyFormOf: id, http: kept, search: search)
+            }
+            return OperationResult(id: id, outcome: .succeeded, status: .ok, message: nil, value: value, http: info,
+                                   historyForm: form)
         }
     }
 

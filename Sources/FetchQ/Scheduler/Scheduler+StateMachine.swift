@@ -29,6 +29,12 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         /// A payload cheap to free (no value): dropped from history right
         /// away instead of handed to the runtime through `released`.
         var isLight: (Payload) -> Bool = { _ in false }
+        /// What the history keeps of a network operation's payload: the
+        /// payload itself, or a cheaper stand-in made when it was (the
+        /// runtime's `OperationResult.historyForm`). Only dependents
+        /// submitted after the operation ended get it; those linked before
+        /// get the payload itself.
+        var historyForm: (Payload) -> Payload = { $0 }
     }
 
     /// At most `perSecond` starts per second on average, `burst` at once.
@@ -938,7 +944,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
                 slots[s].payloadIsLight = config.isLight(payload)
                 slots[s].payload = payload
             } else if config.historyValues > 0 {
-                slots[s].payload = payload
+                slots[s].payload = config.historyForm(payload)
                 valueOrder.append(Entry(id: slots[s].id, slot: Int32(s)))
                 while valueOrder.count > config.historyValues {
                     let old = valueOrder.removeFirst()

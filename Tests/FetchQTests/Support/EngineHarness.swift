@@ -108,3 +108,14 @@ extension Engine {
         }
     }
 }
+
+extension TestServer {
+    /// An engine config whose search endpoint is this server's /search
+    /// (results at /results, ids at /id, newest first), 8 per host.
+    var searchConfig: String {
+        """
+        {"search": {"url": "\(url("/search?q={query}&rpp=500"))", "results": "/results",
+                    "id": "/id", "sort": "/created_at", "order": "desc"}, "max_per_host": 8}
+        """
+    }
+}
