@@ -22,7 +22,7 @@ public final class OperationResult: @unchecked Sendable {
     public var hasValue: Bool { storedValue != nil || http?.lazyValueDepth != nil }
     private let storedValue: JSONRef?
     /// 0, or the bit pattern of an `Unmanaged<JSONRef>`: the value made from
-    /// the body, published by the first reader (see `HTTPDetails.shared`).
+    /// the body, published by the first reader (`JSONRef.published`).
     private let built = Atomic<UInt>(0)
     /// A history form of a search: its value is the search's value of the
     /// parsed body.
@@ -107,7 +107,7 @@ public final class OperationResult: @unchecked Sendable {
 
     private var builtValue: JSONRef? {
         guard let http, http.lazyValueDepth != nil else { return nil }
-        return HTTPDetails.shared(built) {
+        return JSONRef.published(in: built) {
             guard let document = http.parsedBody else { return nil }
             guard let search else { return document }
             return try? search.job.value(from: document)
@@ -136,7 +136,7 @@ public final class OperationResult: @unchecked Sendable {
 
     deinit {
         free(UnsafeMutablePointer<CChar>(bitPattern: cMessage.load(ordering: .acquiring)))
-        HTTPDetails.releaseBuilt(built)
+        JSONRef.releasePublished(built)
         if let owner, owner !== ReleaseList.current {
             if let storedValue { _ = owner.take(storedValue) }
             if let http { _ = owner.take(http.details) }

@@ -1,4 +1,5 @@
 import CJansson
+import Synchronization
 
 /// Owns exactly one jansson reference to a `json_t` and releases it (`json_decref`) when
 /// the last Swift reference to this object goes away.
@@ -290,4 +291,33 @@ func withJSONKeyChars<R>(
     }
     var empty: CChar = 0
     return withUnsafePointer(to: &empty) { body($0, 0) }
+}
+
+/// A `JSONRef` built on first use and shared by every reader: published in
+/// an atomic word (0, or the bits of an `Unmanaged<JSONRef>` holding one
+/// retain) by the first thread to build it. A thread that lost the race
+/// frees its own copy and uses the winner's. Used by a result's response
+/// parts (headers, metrics) and by a result's value made from its body.
+extension JSONRef {
+    /// The object published in `slot`, building and publishing it first if
+    /// needed (nil, and nothing published, when `make` gives nil).
+    static func published(in slot: borrowing Atomic<UInt>, _ make: () -> JSONRef?) -> JSONRef? {
+        if let p = UnsafeRawPointer(bitPattern: slot.load(ordering: .acquiring)) {
+            return Unmanaged<JSONRef>.fromOpaque(p).takeUnretainedValue()
+        }
+        guard let value = make() else { return nil }
+        let made = Unmanaged.passRetained(value)
+        let (won, current) = slot.compareExchange(
+            expected: 0, desired: UInt(bitPattern: made.toOpaque()), ordering: .acquiringAndReleasing)
+        if won { return made.takeUnretainedValue() }
+        made.release()
+        return Unmanaged<JSONRef>.fromOpaque(UnsafeRawPointer(bitPattern: current)!).takeUnretainedValue()
+    }
+
+    /// Drops the retain a published slot holds (its owner's deinit).
+    static func releasePublished(_ slot: borrowing Atomic<UInt>) {
+        if let p = UnsafeRawPointer(bitPattern: slot.load(ordering: .acquiring)) {
+            Unmanaged<JSONRef>.fromOpaque(p).release()
+        }
+    }
 }

@@ -58,7 +58,7 @@ public struct HTTPInfo: Sendable {
 
 /// The response's raw parts, and the JSON objects made from them on first use.
 ///
-/// Each built part is published with a compare-and-swap on an atomic word
+/// Each built part is published with a compare-and-swap on an atomic word (`JSONRef.published`)
 /// (the address of a retained `JSONRef`, or of the body copy): the first
 /// thread to publish wins, a thread that lost the race frees its own copy and
 /// uses the winner's. Atomics rather than `Mutex`, which ThreadSanitizer
@@ -125,17 +125,11 @@ final class HTTPDetails: Sendable {
     }
 
     deinit {
-        Self.releaseBuilt(builtHeaders)
-        Self.releaseBuilt(builtMetrics)
+        JSONRef.releasePublished(builtHeaders)
+        JSONRef.releasePublished(builtMetrics)
         storage?.deallocate()
         free(marshal?.baseAddress)
         UnsafeMutableRawPointer(bitPattern: builtBody.load(ordering: .acquiring))?.deallocate()
-    }
-
-    static func releaseBuilt(_ slot: borrowing Atomic<UInt>) {
-        if let p = UnsafeRawPointer(bitPattern: slot.load(ordering: .acquiring)) {
-            Unmanaged<JSONRef>.fromOpaque(p).release()
-        }
     }
 
     /// The body (a copy of a small one).
@@ -166,28 +160,13 @@ final class HTTPDetails: Sendable {
         return UnsafeBufferPointer(start: winner, count: count)
     }
 
-    /// The object published in `slot`, building and publishing it first if
-    /// needed (nil, and nothing published, when `make` gives nil).
-    static func shared(_ slot: borrowing Atomic<UInt>, _ make: () -> JSONRef?) -> JSONRef? {
-        if let p = UnsafeRawPointer(bitPattern: slot.load(ordering: .acquiring)) {
-            return Unmanaged<JSONRef>.fromOpaque(p).takeUnretainedValue()
-        }
-        guard let value = make() else { return nil }
-        let made = Unmanaged.passRetained(value)
-        let (won, current) = slot.compareExchange(
-            expected: 0, desired: UInt(bitPattern: made.toOpaque()), ordering: .acquiringAndReleasing)
-        if won { return made.takeUnretainedValue() }
-        made.release()
-        return Unmanaged<JSONRef>.fromOpaque(UnsafeRawPointer(bitPattern: current)!).takeUnretainedValue()
-    }
-
     var headers: JSONRef? {
         guard let headerList else { return nil }
-        return Self.shared(builtHeaders) { NetworkJob.headers(headerList) }
+        return JSONRef.published(in: builtHeaders) { NetworkJob.headers(headerList) }
     }
 
     var metrics: JSONRef? {
-        Self.shared(builtMetrics) {
+        JSONRef.published(in: builtMetrics) {
             let m = NetworkJob.metrics(transfer, queueWaitMs: queueWaitMs, attempts: attempts)
             // Only results with a response say where it came from.
             if headerList != nil { m.set("from_cache", JSONRef.bool(fromCache)) }
