@@ -21,6 +21,8 @@ import Testing
         var value: UnsafeMutablePointer<json_t>? = nil  // one reference of ours
         var text = ""
         var body: [UInt8] = []
+        /// The result came with a history form.
+        var hadForm = false
         var done = false
     }
 
@@ -48,6 +50,7 @@ import Testing
                     seen.text = value.text
                 }
                 seen.body = result.bodyBytes.map(Array.init) ?? []
+                seen.hadForm = result.historyForm != nil
                 seen.done = true
             }
             seen.lock.broadcast()
@@ -81,6 +84,7 @@ import Testing
     }
 
     func expectEqual(_ seen: Seen, _ read: Read) {
+        #expect(seen.hadForm)
         #expect(read.status == .ok)
         #expect(read.httpStatus == 200)
         #expect(read.text == seen.text && !seen.text.isEmpty)
@@ -136,15 +140,15 @@ import Testing
                     try engine.submitSearch("swift", to: queue, options: opts.pointer, completion: done)
                 }
             }
-            #expect(!freed)
+            #expect(!freed && !seen.hadForm)
             #expect(read.value == seen.value)
             #expect(read.text == seen.text && json(seen.text).at("/store/inserted") != nil)
             json_decref(seen.value)
         }
     }
 
-    /// With "history_values": 0 nothing is kept for later dependents, form
-    /// or not.
+    /// With "history_values": 0 nothing is kept for later dependents, so no
+    /// form is made either.
     @Test func noHistoryValuesKeepNoForm() throws {
         try withEngine(#"{"history_values": 0}"#) { engine, queue, _ in
             let request = json(#"{"url": "\#(server.url("/json?size=300"))"}"#)
@@ -153,7 +157,7 @@ import Testing
                     try engine.submitRequest(request.pointer, to: queue, options: nil, completion: done)
                 }
             }
-            #expect(freed)
+            #expect(freed && !seen.hadForm)
             #expect(read.status == .ok && read.value == nil && read.body.isEmpty)
             json_decref(seen.value)
         }

@@ -110,7 +110,7 @@ import Testing
     @Test func resultExposesTheLazyParts() throws {
         let job = NetworkJob(request: HTTPRequest(url: "http://example.test/x"), host: "example.test:80",
                                  maxJSONDepth: 64)
-        let result = job.result(id: 7, .success(Self.response()), queueWaitMs: 0, attempts: 1, cancelled: false)
+        let result = job.result(id: 7, .success(Self.response()), queueWaitMs: 0, attempts: 1, cancelled: false, historyForm: true)
         #expect(result.outcome == .succeeded)
         #expect(result.value?.dumps() == #"{"k":[1,2]}"#)
         #expect(result.bodyBytes.map(Array.init) == Array("{\"k\": [1, 2]}".utf8))
@@ -126,7 +126,7 @@ import Testing
                              maxJSONDepth: 64)
         job.lazyParse = true
         for _ in 0..<20 {
-            let result = job.result(id: 8, .success(Self.response()), queueWaitMs: 0, attempts: 1, cancelled: false)
+            let result = job.result(id: 8, .success(Self.response()), queueWaitMs: 0, attempts: 1, cancelled: false, historyForm: true)
             #expect(result.outcome == .succeeded)
             #expect(result.hasValue)
             #expect(result.http?.lazyValueDepth == 64)
@@ -139,9 +139,9 @@ import Testing
         // Not JSON: the same failure as an eager parse, no value.
         var bad = Self.response()
         bad.body = Array("{\"k\": [1, 2]".utf8)
-        let failed = job.result(id: 9, .success(bad), queueWaitMs: 0, attempts: 1, cancelled: false)
+        let failed = job.result(id: 9, .success(bad), queueWaitMs: 0, attempts: 1, cancelled: false, historyForm: true)
         job.lazyParse = false
-        let eager = job.result(id: 9, .success(bad), queueWaitMs: 0, attempts: 1, cancelled: false)
+        let eager = job.result(id: 9, .success(bad), queueWaitMs: 0, attempts: 1, cancelled: false, historyForm: true)
         #expect(failed.status == .parse && !failed.hasValue && failed.value == nil)
         #expect(failed.message == eager.message)
     }

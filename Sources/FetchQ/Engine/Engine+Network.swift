@@ -6,6 +6,10 @@ import Logging
 // Network operations: the HTTP cache, the transfer, retries, shared transfers.
 
 extension Engine {
+    /// Whether network results get a history form (`OperationResult.historyForm`):
+    /// not when the history keeps no network values, where it would never be used.
+    var keepsHistoryForms: Bool { config.historyValues > 0 && config.history > 0 }
+
     /// With the lock held, as a network operation's start is resolved: its
     /// attempt's bookkeeping (the attempt number travels with the transfer to
     /// `transferEnded`). Done here rather than by `startTransfer`, which
@@ -50,7 +54,7 @@ extension Engine {
             case (.staleWhileRevalidate, .fresh(let entry)), (.staleWhileRevalidate, .stale(let entry)):
                 if let handler = lock.withLock({ eventHandler }) {
                     let cached = job.result(id: op.id, .success(entry.response(url: job.request.url)), queueWaitMs: 0,
-                                            attempts: 0, cancelled: false, fromCache: true)
+                                            attempts: 0, cancelled: false, fromCache: true, historyForm: false)
                     delivery.post(.event(OperationEvent(id: op.id, kind: .update, child: cached), handler))
                 }
                 fallthrough
@@ -248,18 +252,19 @@ extension Engine {
             guard case .network(let callerJob) = caller.body else { return }
             let queueWaitMs = Double(op.startedAt > caller.submittedAt ? op.startedAt - caller.submittedAt : 0) / 1e6
             let result = callerJob.result(id: caller.id, endOutcome, queueWaitMs: queueWaitMs, attempts: attempts,
-                                          cancelled: caller.isCancelled, fromCache: endFromCache)
+                                          cancelled: caller.isCancelled, fromCache: endFromCache,
+                                          historyForm: keepsHistoryForms)
             continueWith(finishRunning(caller, result, onWorker: true), onLoop: onLoop)
         }
         guard op.carries != nil else {
             // The operation's own transfer (it may lead callers sharing it).
             let queueWaitMs = Double(op.startedAt - op.submittedAt) / 1e6
             var result = job.result(id: op.id, outcome, queueWaitMs: queueWaitMs, attempts: attempts,
-                                    cancelled: op.isCancelled, fromCache: fromCache)
+                                    cancelled: op.isCancelled, fromCache: fromCache, historyForm: keepsHistoryForms)
             if result.outcome == .failed, job.cache == .staleWhileRevalidate, let stale = context?.entry {
                 // The refresh failed: the stale value stays readable.
                 let cached = job.result(id: op.id, .success(stale.response(url: job.request.url)), queueWaitMs: queueWaitMs,
-                                        attempts: attempts, cancelled: false, fromCache: true)
+                                        attempts: attempts, cancelled: false, fromCache: true, historyForm: false)
                 result = OperationResult(id: op.id, outcome: .failed, status: result.status,
                                          message: (result.message ?? "") + " (the stale cached value is kept as the value)",
                                          value: cached.value, http: result.http)

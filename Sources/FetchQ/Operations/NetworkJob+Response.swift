@@ -200,9 +200,12 @@ extension NetworkJob {
 
     /// Turns the transport's outcome into the operation's result. Runs on
     /// the transfer thread that received a small response, else on a worker
-    /// (see Engine.endsOnLoop).
+    /// (see Engine.endsOnLoop). `historyForm`: whether a succeeded result
+    /// with a value also gets its history form (false when the history keeps
+    /// no network values, or the result is not an operation's own).
     func result(id: OpID, _ outcome: Result<HTTPResponse, TransportError>, queueWaitMs: Double,
-                attempts: Int, cancelled: Bool, fromCache: Bool = false) -> OperationResult {
+                attempts: Int, cancelled: Bool, fromCache: Bool = false,
+                historyForm makesForm: Bool) -> OperationResult {
         switch outcome {
         case .failure(let error):
             let info = HTTPInfo(queueWaitMs: queueWaitMs, attempts: attempts)
@@ -279,7 +282,7 @@ extension NetworkJob {
             // submitted later (see `OperationResult.historyForm`). Not for a
             // search with "store": its value says what storing did.
             var form: OperationResult? = nil
-            if value != nil || lazyDepth != nil, search?.store == nil {
+            if makesForm, value != nil || lazyDepth != nil, search?.store == nil {
                 var kept = info
                 kept.lazyValueDepth = maxJSONDepth
                 form = OperationResult(historyFormOf: id, http: kept, search: search)
