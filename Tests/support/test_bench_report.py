@@ -76,3 +76,31 @@ def test_latency_rows_come_from_the_latency_runs_not_the_rate_runs():
 def test_latency_has_no_rows_when_only_rate_runs_are_recorded():
     recs = [{"id": "P2-c8", "side": "fetchq", "result": {"rate": 20_000.0, "latency": None}}]
     assert len(report.latency(recs)) == 2
+
+
+def _round(id_, side, rnd, result):
+    return {"id": id_, "side": side, "round": rnd, "result": result}
+
+
+def test_the_per_round_column_pairs_each_round_with_its_own_anchor_run():
+    # P7 by default: medians 26.5 k over 2.9 k (9.14x, not met); by round
+    # 30/2.5 = 12x (met), 28/2.9 = 9.66x, 20/3.0 = 6.67x; round 4 has no
+    # anchor run: in the median, not in the per-round column. P6: two of
+    # three rounds within 100 ms.
+    recs = [_round("P7", "anchor", 1, {"rate": 2500.0}), _round("P7", "fetchq", 1, {"rate": 30000.0}),
+            _round("P7", "anchor", 2, {"rate": 2900.0}), _round("P7", "fetchq", 2, {"rate": 28000.0}),
+            _round("P7", "anchor", 3, {"rate": 3000.0}), _round("P7", "fetchq", 3, {"rate": 20000.0}),
+            _round("P7", "fetchq", 4, {"rate": 25000.0}),
+            _round("P6", "fetchq", 1, {"ms": 40.0}), _round("P6", "fetchq", 2, {"ms": 120.0}),
+            _round("P6", "fetchq", 3, {"ms": 60.0})]
+    meta = {"p1_n": 1000000, "p1_chain_n": 20000, "p2_n": 50000, "p4_n": 10000, "p5_n": 100000,
+            "p6_n": 100000, "p7_n": 5000}
+    rows, _ = report.table(recs, meta)
+    p7 = next(line for line in rows if line.startswith("| P7 | 5 000 searches"))
+    assert p7.endswith("| 6.67–12.00×, 1 of 3 |")
+    assert "| not met — see Findings |" in p7
+    p6 = next(line for line in rows if line.startswith("| P6 "))
+    assert p6.endswith("| 2 of 3 |") and "| **met** |" in p6
+    # A row without an anchor run in any round: no per-round figure.
+    p1 = next(line for line in rows if "no-op ops, queue max 2" in line)
+    assert p1.endswith("| — |")
