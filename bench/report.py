@@ -168,20 +168,21 @@ def round_ratios(recs: Records, fid: str, fside: str, aid: str, aside: str) -> L
     """fetchq's rate over the anchor's, for each round that has both."""
     def by_round(id_: str, side: str) -> Dict[int, float]:
         return {r["round"]: r["result"]["rate"] for r in recs
-                if r["id"] == id_ and r["side"] == side and r.get("result")}
+                if r["id"] == id_ and r["side"] == side and r.get("result") and "round" in r}
     f, a = by_round(fid, fside), by_round(aid, aside)
     return [f[k] / a[k] for k in sorted(f) if k in a and a[k] > 0]
 
 
-def per_round(v: List[float], check: Optional[Callable[[float], bool]], unit: Optional[str]) -> str:
-    """The per-round values' range and, for a goal, in how many rounds it was met."""
+def per_round(v: List[float], check: Optional[Callable[[float], bool]], ratios: bool) -> str:
+    """The last column: for ratios their range; for a goal, in how many of
+    the rounds it was met (for a value row, such as P5 or P6, that alone)."""
     if not v:
         return "—"
-    text = f"{min(v):.2f}–{max(v):.2f}×" if unit == "×" else "—"
+    text = f"{min(v):.2f}–{max(v):.2f}×" if ratios else "—"
     if check is None:
         return text
     met = f"{sum(1 for x in v if check(x))} of {len(v)}"
-    return met if unit is None else f"{text}, {met}"
+    return f"{text}, {met}" if ratios else met
 
 
 def table(recs: Records, meta: Dict[str, Any]) -> Tuple[List[str], List[str]]:
@@ -202,7 +203,7 @@ def table(recs: Records, meta: Dict[str, Any]) -> Tuple[List[str], List[str]]:
             status = "—" if ratio is None or check is None else ("**met**" if check(ratio) else "not met")
             cells = [f"{fmt(fm)} {unit}" if fm else "—", f"{fmt(am)} {unit}" if am else "—",
                      f"{ratio:.2f}×" if ratio else "—", goal, status, span(f), span(a),
-                     per_round(round_ratios(recs, fetchq_id(res_id), fside, res_id, aside), check, "×")]
+                     per_round(round_ratios(recs, fetchq_id(res_id), fside, res_id, aside), check, True)]
             for side, sid in ((fside, fetchq_id(res_id)), (aside, res_id)):
                 for e in errors(recs, sid, side):
                     problems.append(f"{res_id} {side}: {e.strip().splitlines()[-1] if e.strip() else e}")
@@ -211,7 +212,7 @@ def table(recs: Records, meta: Dict[str, Any]) -> Tuple[List[str], List[str]]:
             fm = statistics.median(f) if f else None
             u = VALUE_UNIT[res_id]
             status = "—" if fm is None or check is None else ("**met**" if check(fm) else "not met")
-            cells = [fmt(fm, u), "—", "—", goal, status, span(f, u), "—", per_round(f, check, None)]
+            cells = [fmt(fm, u), "—", "—", goal, status, span(f, u), "—", per_round(f, check, False)]
             for e in errors(recs, res_id, "fetchq"):
                 problems.append(f"{res_id}: {e.strip().splitlines()[-1] if e.strip() else e}")
         if status == "not met":

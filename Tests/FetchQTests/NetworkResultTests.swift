@@ -110,7 +110,8 @@ import Testing
     @Test func resultExposesTheLazyParts() throws {
         let job = NetworkJob(request: HTTPRequest(url: "http://example.test/x"), host: "example.test:80",
                                  maxJSONDepth: 64)
-        let result = job.result(id: 7, .success(Self.response()), queueWaitMs: 0, attempts: 1, cancelled: false, historyForm: true)
+        let result = job.result(id: 7, .success(Self.response()), queueWaitMs: 0, attempts: 1, cancelled: false,
+                                historyForm: true)
         #expect(result.outcome == .succeeded)
         #expect(result.value?.dumps() == #"{"k":[1,2]}"#)
         #expect(result.bodyBytes.map(Array.init) == Array("{\"k\": [1, 2]}".utf8))
@@ -126,7 +127,8 @@ import Testing
                              maxJSONDepth: 64)
         job.lazyParse = true
         for _ in 0..<20 {
-            let result = job.result(id: 8, .success(Self.response()), queueWaitMs: 0, attempts: 1, cancelled: false, historyForm: true)
+            let result = job.result(id: 8, .success(Self.response()), queueWaitMs: 0, attempts: 1, cancelled: false,
+                                    historyForm: true)
             #expect(result.outcome == .succeeded)
             #expect(result.hasValue)
             #expect(result.http?.lazyValueDepth == 64)
