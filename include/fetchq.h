@@ -381,7 +381,13 @@ int fq_queue_wait(fq_queue *queue, int timeout_ms);
  *                FQ_ERR_DEPENDENCY and a message naming that id. An unknown
  *                id, or one that finished longer ago than config "history"
  *                remembers, fails the submit with FQ_ERR_NOT_FOUND. An id may
- *                appear more than once (it counts once).
+ *                appear more than once (it counts once). A block or async
+ *                submit does not wait for the engine's lock when its ids are
+ *                still remembered; the only ids it cannot tell at once are
+ *                ones no submit returned (the id a failed submit used up, or
+ *                one another thread's submit has not returned yet): the
+ *                operation then ends FQ_CANCELLED with status
+ *                FQ_ERR_NOT_FOUND ("no operation N") instead.
  *   "barrier"    true: starts only after everything submitted to the queue
  *                before it has finished, and nothing submitted after it
  *                starts before it has finished.

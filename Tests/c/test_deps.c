@@ -310,8 +310,29 @@ TEST(history_bounds_depends_on) {
     CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));
     CHECK_EQ_INT(atomic_load(&old.calls), 0);
     CHECK_EQ_INT(recent.outcome, FQ_SUCCEEDED);
+    /* The same once dependent submits no longer wait for the engine lock
+     * (the first one, `recent`, let the later ones through the inbox):
+     * after 2 more finish, `recent` is forgotten and naming it fails the
+     * submit itself; the newest is still known. */
+    rec more[2], late = {0}, newest = {0};
+    memset(more, 0, sizeof more);
+    fq_op_id idm[2];
+    for (int i = 0; i < 2; i++) {
+        idm[i] = fqt_block(q, body_tag, NULL, rec_done, &more[i]);
+        REQUIRE(idm[i] > 0);
+        CHECK_OK(fq_queue_wait(q, FQT_LONG_MS));
+    }
+    CHECK_EQ_INT(fqt_block(q, body_tag, deps_opts(idr, 0), rec_done, &late), FQ_ERR_NOT_FOUND);
+    CHECK(strstr(fq_last_error(), "history") != NULL);
+    newest.dep = idm[1];
+    CHECK(fqt_block(q, body_tag, deps_opts(idm[1], 0), rec_done, &newest) > 0);
+    CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));
+    CHECK_EQ_INT(atomic_load(&late.calls), 0);
+    CHECK_EQ_INT(newest.outcome, FQ_SUCCEEDED);
     rec_clear_all(r, N);
+    rec_clear_all(more, 2);
     rec_clear(&recent);
+    rec_clear(&newest);
     fqt_engine_free(e);
 
     /* history 0: nothing finished is remembered */
@@ -322,8 +343,17 @@ TEST(history_bounds_depends_on) {
     REQUIRE(ida > 0);
     CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));
     CHECK_EQ_INT(fqt_block(q, body_tag, deps_opts(ida, 0), rec_done, &b), FQ_ERR_NOT_FOUND);
+    /* again once the failed dependent submit has let the later ones
+     * through the inbox */
+    rec c = {0}, d = {0};
+    fq_op_id idc = fqt_block(q, body_tag, NULL, rec_done, &c);
+    REQUIRE(idc > 0);
+    CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));
+    CHECK_EQ_INT(fqt_block(q, body_tag, deps_opts(idc, 0), rec_done, &d), FQ_ERR_NOT_FOUND);
     CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));
     CHECK_EQ_INT(atomic_load(&b.calls), 0);
+    CHECK_EQ_INT(atomic_load(&d.calls), 0);
     rec_clear(&a);
+    rec_clear(&c);
     fqt_engine_free(e);
 }

@@ -51,13 +51,18 @@ extension Engine {
         return try enqueueBody(body, queue: queue.id, common: common, callback: callback)
     }
 
-    /// A block or async operation. With no dependency and no barrier it
-    /// goes through the inbox (see SubmitInbox): its id is given here and
-    /// the submit returns without waiting for the engine lock.
+    /// A block or async operation. Without a barrier it goes through the
+    /// inbox (see SubmitInbox): its id is given here and the submit returns
+    /// without waiting for the engine lock. With "depends_on" only if the
+    /// dependency gate lets it (each id still remembered, see
+    /// DependencyGate); else its dependencies are checked under the lock.
     private func enqueueBody(_ body: OperationBody, queue: QueueID, common: CommonOptions,
                              callback: Callback) throws(FetchQError) -> OpID {
-        guard common.dependsOn.isEmpty && !common.barrier else {
-            // Its dependencies are checked under the lock, in order.
+        var phase = -1
+        if !common.dependsOn.isEmpty && !common.barrier {
+            phase = gate.enter(common.dependsOn, handedOut: nextID.load(ordering: .relaxed)) ?? -1
+        }
+        guard !common.barrier && (common.dependsOn.isEmpty || phase >= 0) else {
             return try enqueue(body, queue: queue, common: common, host: nil, callback: callback)
         }
         let now = monotonicNanos()
@@ -65,12 +70,15 @@ extension Engine {
         let op = Operation(id: id, queue: queue, qos: common.qos, body: body, callback: callback, engine: self,
                            submittedAt: now)
         let deadline = common.startDeadline(now: now)
-        switch inbox.push(.init(op: op, priority: common.priority, group: common.group, startDeadline: deadline)) {
+        switch inbox.push(.init(op: op, priority: common.priority, group: common.group, startDeadline: deadline,
+                                dependsOn: common.dependsOn, gatePhase: phase)) {
         case .queued: break
         case .mustLock:
             lockEngine()  // books it
             unlockEngine()
-        case .refused(let error): throw error
+        case .refused(let error):
+            if phase >= 0 { gate.leave(phase) }
+            throw error
         }
         if deadline != nil { timer.kick() }
         return id
@@ -263,6 +271,9 @@ extension Engine {
     func admit(_ op: Operation, _ spec: inout Machine.Spec, common: borrowing CommonOptions, sharing key: CoalesceKey?,
                now: UInt64, into actions: inout [Machine.Action]) throws(FetchQError) -> OpID {
         guard !shuttingDown else { throw FetchQError(.shutdown, "the engine is being freed") }
+        // The first submit with dependencies opens the gate for those after
+        // it (under this lock: see DependencyGate).
+        if !spec.dependsOn.isEmpty && !gate.isOpen { gate.open() }
         if spec.id == nil { spec.id = newID() }
         let existing = key.flatMap { coalesced[$0] }
         if existing != nil {

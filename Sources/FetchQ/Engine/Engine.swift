@@ -54,7 +54,9 @@ public final class Engine: @unchecked Sendable {
     var inboxWork: [Work] = []
     /// The next operation id: every id is handed out here, so that a
     /// submit can have its id before the scheduler books it.
-    private let nextID = Atomic<OpID>(1)
+    let nextID = Atomic<OpID>(1)
+    /// Lets submits with "depends_on" through the inbox (the scheduler's).
+    let gate = DependencyGate()
     /// Scratch space for the scheduler's actions at an operation's end,
     /// kept between uses (guarded by `lock`).
     var actionScratch: [Machine.Action] = []
@@ -96,7 +98,7 @@ public final class Engine: @unchecked Sendable {
             historyValues: min(config.historyValues, config.history),
             rateLimits: config.rateLimits.mapValues { .init(perSecond: $0.perSecond, burst: $0.burst) },
             isLight: { $0.isLight },
-            historyForm: { $0.historyForm ?? $0 }))
+            historyForm: { $0.historyForm ?? $0 }), gate: gate)
         delivery = try Delivery(mode: config.delivery) { [outstanding] queues in
             outstanding.done(queues)  // without the engine lock
         }
@@ -283,6 +285,7 @@ public final class Engine: @unchecked Sendable {
     private func admit(_ entries: [SubmitInbox.Entry]) {
         var actions: [Machine.Action] = []
         var queue = -1, count = 0
+        var gated = false
         for entry in entries {
             if entry.queue != queue {
                 if count > 0 { outstanding.add(queue, count) }
@@ -292,13 +295,20 @@ public final class Engine: @unchecked Sendable {
             count += 1
             // The entry's reference goes to the slot (or, refused, is let go).
             if !machine.submitPlain(id: entry.id, queue: entry.queue, priority: entry.priority, qos: entry.qos,
-                                    group: entry.group, startDeadline: entry.startDeadline, adopting: entry.op,
+                                    group: entry.group, startDeadline: entry.startDeadline,
+                                    dependsOn: entry.dependsOn, adopting: entry.op,
                                     now: entry.submittedAt, into: &actions) {
                 let op = entry.op.takeRetainedValue()
                 post(OperationResult(id: op.id, outcome: .cancelled, status: .cancelled, reason: .cancelled), of: op)
             }
+            if entry.gatePhase >= 0 {
+                gate.leave(Int(entry.gatePhase))
+                gated = true
+            }
         }
         if count > 0 { outstanding.add(queue, count) }
+        // What history dropped while these were on their way may go now.
+        if gated { machine.freeHidden() }
         resolve(actions, into: &inboxWork)
     }
 

@@ -34,7 +34,8 @@ import Glibc
 ///
 /// `@unchecked Sendable`: everything is guarded by `lock`.
 final class SubmitInbox: @unchecked Sendable {
-    /// A block or async operation. `op` holds one reference, taken by hand
+    /// A block or async operation (with no barrier; with dependencies only
+    /// through the gate). `op` holds one reference, taken by hand
     /// at `init`, which booking hands on to the operation's scheduler slot:
     /// the thread that books (under the engine lock) neither counts nor
     /// reads the object, which the submitting thread made on another core.
@@ -48,9 +49,17 @@ final class SubmitInbox: @unchecked Sendable {
         let priority: Priority
         let group: String?
         let startDeadline: UInt64?
+        /// "depends_on", when the submit passed the dependency gate
+        /// (`DependencyGate.enter`), counted in phase `gatePhase` (-1: none)
+        /// until it is booked.
+        let dependsOn: [OpID]
+        let gatePhase: Int8
 
-        init(op: Operation, priority: Priority, group: String?, startDeadline: UInt64?) {
+        init(op: Operation, priority: Priority, group: String?, startDeadline: UInt64?, dependsOn: [OpID] = [],
+             gatePhase: Int = -1) {
             self.op = .passRetained(op)
+            self.dependsOn = dependsOn
+            self.gatePhase = Int8(gatePhase)
             id = op.id
             queue = op.queue
             qos = op.qos

@@ -295,9 +295,21 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
     private var nextSeq: UInt64 = 0
     /// Open queue ids in creation order.
     private var queueOrder: [QueueID] = []
+    /// Submits with dependencies that wait in the runtime's inbox: slots
+    /// they may name are hidden, not freed, when history drops them.
+    let gate: DependencyGate
+    /// Hidden slots (dropped from history while a counted submit may name
+    /// them) by id: found only by the booking of such a submit.
+    private var hidden: [OpID: Int32] = [:]
+    /// Hidden since the last flip of the gate's phase, and before it (freed
+    /// once `hiddenPhase` has drained).
+    private var hiddenNew: [Int32] = []
+    private var hiddenOld: [Int32] = []
+    private var hiddenPhase = 0
 
-    init(config: Config = Config()) {
+    init(config: Config = Config(), gate: DependencyGate = DependencyGate()) {
         self.config = config
+        self.gate = gate
         // A machine dropped with live operations lets their objects go.
         slab.willDeinitialize = { op in
             op.owner?.release()
@@ -345,6 +357,11 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
 
     private mutating func freeSlot(_ s: Int) {
         index.removeValue(forKey: slots[s].id)
+        recycleSlot(s)
+    }
+
+    /// `freeSlot` for a slot out of `index` (hidden, see `forgetSlot`).
+    private mutating func recycleSlot(_ s: Int) {
         dropLinks(s)
         // The other fields are all set again when the slot is reused.
         slots[s].id = 0
@@ -492,15 +509,9 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         guard queueExists(spec.queue), !queues[spec.queue].closed else {
             return .failure(FetchQError(.invalid, "the queue has been freed"))
         }
-        var deps: [OpID] = []
-        if !spec.dependsOn.isEmpty {
-            var seen = Set<OpID>()
-            for dep in spec.dependsOn where seen.insert(dep).inserted {
-                guard index[dep] != nil else {
-                    return .failure(FetchQError(.notFound, Self.unknownMessage(dep, nextOpID: nextOpID, history: config.history)))
-                }
-                deps.append(dep)
-            }
+        let deps = Self.unique(spec.dependsOn)
+        for dep in deps where index[dep] == nil {
+            return .failure(FetchQError(.notFound, Self.unknownMessage(dep, nextOpID: nextOpID, history: config.history)))
         }
 
         let id = spec.id ?? nextOpID
@@ -539,22 +550,9 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
                                payload: done.flatMap { slots[$0].payload }))
             }
         }
-        var failedDependency: (OpID, Outcome)? = nil
-        for dep in deps {
-            if let d = liveSlot(dep) {
-                link(s, after: d, edge: .strict)
-            } else if let done = finishedSlot(dep) {
-                let l = linksIndex(s)
-                linkTable[l].dependencies.append(dep)
-                if slots[done].outcome == .succeeded {
-                    linkTable[l].dependencyPayloads.append(Dependency(id: dep, outcome: .succeeded, payload: slots[done].payload))
-                } else if failedDependency == nil {
-                    failedDependency = (dep, slots[done].outcome)
-                }
-            }
-        }
-        if let (dep, outcome) = failedDependency {
-            end(s, .cancelled, .dependency, .dependency(dep, outcome), now: now, into: &actions)
+        if let (dep, outcome) = linkDependencies(s, deps, hiddenToo: false) {
+            // (each was found above: `outcome` is that of a finished one)
+            end(s, .cancelled, .dependency, .dependency(dep, outcome ?? .cancelled), now: now, into: &actions)
             schedule(now: now, into: &actions)
         } else {
             if slots[s].waitingOn == 0 { makeReady(s, now: now) }
@@ -566,16 +564,48 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         return .success(id)
     }
 
+    /// Links slot `s` after its strict dependencies (each live or
+    /// remembered; with `hiddenToo` also hidden, see `hide`) and takes the
+    /// results of those that have finished. Returns the first that did not
+    /// succeed, if any; with `hiddenToo`, an unknown id ends the search as
+    /// `(id, nil)`.
+    private mutating func linkDependencies(_ s: Int, _ deps: [OpID], hiddenToo: Bool) -> (OpID, Outcome?)? {
+        var failed: (OpID, Outcome?)? = nil
+        for dep in deps {
+            if let d = liveSlot(dep) {
+                link(s, after: d, edge: .strict)
+                continue
+            }
+            guard let done = finishedSlot(dep) ?? (hiddenToo ? hidden[dep].map { Int($0) } : nil) else {
+                if failed == nil { failed = (dep, nil) }
+                continue
+            }
+            let l = linksIndex(s)
+            linkTable[l].dependencies.append(dep)
+            if slots[done].outcome == .succeeded {
+                linkTable[l].dependencyPayloads.append(Dependency(id: dep, outcome: .succeeded, payload: slots[done].payload))
+            } else if failed == nil {
+                failed = (dep, slots[done].outcome)
+            }
+        }
+        return failed
+    }
+
     /// `submit` for what the runtime's inbox holds: an operation with no
-    /// host, dependency, collect, barrier or attachment, and its own id.
-    /// The same booking without building a `Spec`. False (nothing booked)
-    /// for an unknown or closed queue.
+    /// host, collect, barrier or attachment, and its own id. The same
+    /// booking without building a `Spec`. False (nothing booked) for an
+    /// unknown or closed queue.
+    ///
+    /// `dependsOn`: ids the submit found remembered when it passed the gate
+    /// (`DependencyGate.enter`); those history dropped since are still
+    /// found (hidden). One that was never booked (a guess at an id whose
+    /// submit failed) ends the operation with FQ_ERR_NOT_FOUND.
     ///
     /// `adopting`: the owner with a reference taken for the slot, which
     /// keeps it (a refused submit leaves it to the caller).
     mutating func submitPlain(id: OpID, queue q: QueueID, priority: Priority, qos: QoS, group: String?,
-                              startDeadline: UInt64?, adopting owner: Unmanaged<Owner>, now: UInt64,
-                              into actions: inout [Action]) -> Bool {
+                              startDeadline: UInt64?, dependsOn: [OpID] = [], adopting owner: Unmanaged<Owner>,
+                              now: UInt64, into actions: inout [Action]) -> Bool {
         guard queueExists(q), !queues[q].closed else {
             // Its submit returned before the queue closed (the inbox checks
             // that); the runtime ends it cancelled, and the counters say so.
@@ -591,9 +621,26 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
                      isInternal: false, owner: owner)
         if let startDeadline { deadlines.insert(id, key: startDeadline) }
         if let barrier = queues[q].openBarrier, let b = liveSlot(barrier) { link(s, after: b, edge: .order) }
+        if !dependsOn.isEmpty, let (dep, outcome) = linkDependencies(s, Self.unique(dependsOn), hiddenToo: true) {
+            if let outcome {
+                end(s, .cancelled, .dependency, .dependency(dep, outcome), now: now, into: &actions)
+            } else {
+                end(s, .cancelled, .notFound, .text("no operation \(dep)"), now: now, into: &actions)
+            }
+            schedule(now: now, into: &actions)
+            return true
+        }
         if slots[s].waitingOn == 0 { makeReady(s, now: now) }
         if isEligible(q) { schedule(now: now, into: &actions) }
         return true
+    }
+
+    /// `ids` without repeats, in order (an id may appear more than once in
+    /// "depends_on"; it counts once).
+    private static func unique(_ ids: [OpID]) -> [OpID] {
+        guard ids.count > 1 else { return ids }
+        var seen = Set<OpID>()
+        return ids.filter { seen.insert($0).inserted }
     }
 
     /// Gives a new operation its slot and counts it (waiting, no edges yet).
@@ -928,6 +975,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         clearOwner(s)
         // Internal operations (carriers) cannot be named in depends_on.
         remember(s, outcome == .succeeded && !slots[s].isInternal ? payload : nil, large: networkValue)
+        if !hiddenOld.isEmpty || !hiddenNew.isEmpty { freeHidden() }
         return dependents
     }
 
@@ -935,8 +983,13 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
     /// too, except network values beyond the newest `historyValues`).
     private mutating func remember(_ s: Int, _ payload: Payload?, large: Bool) {
         guard config.history > 0 else {
-            if let payload { released.append(payload) }
-            freeSlot(s)
+            if gate.forget(slots[s].id) {
+                if let payload { released.append(payload) }
+                freeSlot(s)
+            } else {
+                slots[s].payload = payload
+                hide(s)
+            }
             return
         }
         if let payload {
@@ -960,6 +1013,10 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         historyOrder.append(Int32(s))
         while historyOrder.count > config.history {
             let old = Int(historyOrder.removeFirst())
+            guard gate.forget(slots[old].id) else {
+                hide(old)
+                continue
+            }
             // Moved out, not copied: released after the lock, not here.
             if let value = slots[old].payload.take() {
                 if slots[old].payloadIsLight { dropped = value } else { released.append(value) }
@@ -967,6 +1024,41 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
             freeSlot(old)
         }
     }
+
+    /// History dropped slot `s` while a submit the gate counted may name
+    /// it: nobody finds it from now on but that submit's booking, and it is
+    /// freed once every such submit is booked (`freeHidden`).
+    private mutating func hide(_ s: Int) {
+        let id = slots[s].id
+        index.removeValue(forKey: id)
+        hidden[id] = Int32(s)
+        hiddenNew.append(Int32(s))
+    }
+
+    /// Frees the hidden slots that no counted submit can name any more:
+    /// those hidden before the gate's last flip once its old phase has
+    /// drained; then flips again for those hidden since. Called after
+    /// booking submits that passed the gate (and by `remember`).
+    mutating func freeHidden() {
+        while true {
+            if !hiddenOld.isEmpty {
+                guard gate.drained(hiddenPhase) else { return }
+                for s in hiddenOld {
+                    let slot = Int(s)
+                    hidden.removeValue(forKey: slots[slot].id)
+                    if let value = slots[slot].payload.take() { released.append(value) }
+                    recycleSlot(slot)
+                }
+                hiddenOld.removeAll(keepingCapacity: true)
+            }
+            guard !hiddenNew.isEmpty else { return }
+            hiddenPhase = gate.flip()
+            swap(&hiddenOld, &hiddenNew)
+        }
+    }
+
+    /// Hidden slots not yet freed (for the tests).
+    var hiddenCount: Int { hidden.count }
 
     /// Hands over the light payload last dropped from history, if any.
     mutating func takeDropped() -> Payload? {
