@@ -3,8 +3,9 @@ import Glibc
 import Synchronization
 import Testing
 
-/// A block or async submit with no dependency goes through the engine's
-/// inbox (SubmitInbox): it returns without waiting for the engine lock, and
+/// A block or async submit with no barrier (with dependencies, when
+/// DependencyGate lets it) goes through the engine's inbox (SubmitInbox):
+/// it returns without waiting for the engine lock, and
 /// whoever holds that lock books it. These check the promises that must
 /// survive the deferred booking, from several threads at once: one callback
 /// for every accepted submit and none for a refused one, and every call that

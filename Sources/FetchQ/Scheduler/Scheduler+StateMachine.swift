@@ -360,7 +360,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         recycleSlot(s)
     }
 
-    /// `freeSlot` for a slot out of `index` (hidden, see `forgetSlot`).
+    /// `freeSlot` for a slot out of `index` (hidden, see `hide`).
     private mutating func recycleSlot(_ s: Int) {
         dropLinks(s)
         // The other fields are all set again when the slot is reused.
@@ -1038,7 +1038,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
     /// Frees the hidden slots that no counted submit can name any more:
     /// those hidden before the gate's last flip once its old phase has
     /// drained; then flips again for those hidden since. Called after
-    /// booking submits that passed the gate (and by `remember`).
+    /// booking submits that passed the gate (and by `settle`).
     mutating func freeHidden() {
         while true {
             if !hiddenOld.isEmpty {
