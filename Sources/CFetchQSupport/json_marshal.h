@@ -59,6 +59,7 @@ typedef struct {
 
 typedef struct {
     const unsigned char *text; /* in the input (keys without escapes only) */
+    uint64_t head; /* its first 8 bytes (fewer: zero-padded; see key_head) */
     uint32_t len;
     uint32_t ref; /* its index among the flagged objects; 0 in an empty slot */
 } fqs_marshal_key;
@@ -66,6 +67,7 @@ typedef struct {
 typedef struct {
     unsigned char *out;
     size_t len, cap;
+    const unsigned char *input_end; /* the end of the text being walked */
     int failed; /* nothing more is written; the output is dropped */
     fqs_marshal_open *stack;
     size_t depth, stack_cap;
@@ -77,7 +79,8 @@ typedef struct {
     char space[256];
 } fqs_marshal;
 
-static inline void marshal_init(fqs_marshal *m, size_t input_len) {
+static inline void marshal_init(fqs_marshal *m, const unsigned char *input, size_t input_len) {
+    m->input_end = input + input_len;
     m->cap = input_len + input_len / 4 + 64;
     m->out = malloc(m->cap);
     m->len = 0;
@@ -121,11 +124,47 @@ static inline unsigned char *marshal_room(fqs_marshal *m, size_t n) {
     return m->out + m->len;
 }
 
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#define FQS_LITTLE_ENDIAN 1
+#else
+#define FQS_LITTLE_ENDIAN 0
+#endif
+
 static inline void put_le32(unsigned char *o, uint32_t v) {
+#if FQS_LITTLE_ENDIAN
+    memcpy(o, &v, 4);
+#else
     o[0] = (unsigned char)v;
     o[1] = (unsigned char)(v >> 8);
     o[2] = (unsigned char)(v >> 16);
     o[3] = (unsigned char)(v >> 24);
+#endif
+}
+
+static inline void put_le64(unsigned char *o, uint64_t v) {
+#if FQS_LITTLE_ENDIAN
+    memcpy(o, &v, 8);
+#else
+    for (int i = 0; i < 8; i++) o[i] = (unsigned char)(v >> (8 * i));
+#endif
+}
+
+/* The first min(len, 8) bytes of a key as one word, the rest zero (byte i
+ * at bits 8i..8i+7, on any host). A key without escapes has no NUL byte
+ * (scan_string rejects raw control characters), so for keys of up to 8
+ * bytes two heads are equal exactly when the keys are. Reads 8 bytes at
+ * once when the text has them (the key's closing quote and what follows
+ * are in the text), else byte by byte. */
+static inline uint64_t key_head(const unsigned char *p, size_t len, const unsigned char *input_end) {
+    uint64_t w = 0;
+    if (FQS_LITTLE_ENDIAN && input_end - p >= 8) {
+        memcpy(&w, p, 8);
+        if (len < 8) w &= (UINT64_C(1) << (8 * len)) - 1;
+        return w;
+    }
+    size_t n = len < 8 ? len : 8;
+    for (size_t i = 0; i < n; i++) w |= (uint64_t)p[i] << (8 * i);
+    return w;
 }
 
 /* A value goes into the innermost container: a list counts it. */
@@ -241,7 +280,10 @@ static inline void marshal_string(fqs_marshal *m, const unsigned char *p, const 
 
 /* A member's key: the body [p, end); `flags` from scan_string. A key without
  * escapes is looked up among the remembered ones: found, it is written as a
- * reference; else, while there is room, remembered and flagged. */
+ * reference; else, while there is room, remembered and flagged. The table is
+ * hashed on the key's first and last 8 bytes and its length; a key is found
+ * by its length and head, and for keys longer than 8 bytes by the rest of
+ * its bytes too. */
 static inline void marshal_key(fqs_marshal *m, const unsigned char *p, const unsigned char *end, int flags) {
     if (m->failed) return;
     size_t len = (size_t)(end - p);
@@ -253,19 +295,20 @@ static inline void marshal_key(fqs_marshal *m, const unsigned char *p, const uns
         m->failed = 1;
         return;
     }
-    uint32_t h = 2166136261u; /* FNV-1a */
-    for (size_t i = 0; i < len; i++) h = (h ^ p[i]) * 16777619u;
-    for (uint32_t i = h;; i++) {
+    uint64_t head = key_head(p, len, m->input_end);
+    uint64_t tail = len > 8 ? key_head(end - 8, 8, m->input_end) : 0;
+    uint64_t h = (head ^ (tail * UINT64_C(0xC2B2AE3D27D4EB4F)) ^ len) * UINT64_C(0x9E3779B97F4A7C15);
+    for (uint32_t i = (uint32_t)(h >> 32);; i++) {
         fqs_marshal_key *slot = &m->key_slots[i & (FQS_MARSHAL_KEY_SLOTS - 1)];
         if (slot->ref == 0) {
             if (m->keys == FQS_MARSHAL_KEYS || m->refs == INT32_MAX) break; /* written in full */
-            *slot = (fqs_marshal_key){p, (uint32_t)len, m->refs + 1};
+            *slot = (fqs_marshal_key){p, head, (uint32_t)len, m->refs + 1};
             m->keys++;
             m->refs++;
             marshal_str(m, p, len, !(flags & FQS_STR_NONASCII), 0x80);
             return;
         }
-        if (slot->len == len && memcmp(slot->text, p, len) == 0) {
+        if (slot->len == len && slot->head == head && (len <= 8 || memcmp(slot->text + 8, p + 8, len - 8) == 0)) {
             unsigned char *o = marshal_room(m, 5);
             if (!o) return;
             o[0] = 'r';
@@ -294,7 +337,7 @@ static inline void marshal_number(fqs_marshal *m, const unsigned char *start, co
         uint64_t bits;
         memcpy(&bits, &real, sizeof bits);
         o[0] = 'g';
-        for (int i = 0; i < 8; i++) o[1 + i] = (unsigned char)(bits >> (8 * i));
+        put_le64(o + 1, bits);
         m->len += 9;
     } else if (integer >= INT32_MIN && integer <= INT32_MAX) {
         o[0] = 'i';

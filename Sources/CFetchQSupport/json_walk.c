@@ -427,7 +427,7 @@ void *fqs_json_build(const unsigned char *bytes, size_t len, long max_depth) {
 
 int fqs_json_marshal(const unsigned char *bytes, size_t len, long max_depth, unsigned char **out, size_t *out_len) {
     fqs_marshal m;
-    marshal_init(&m, len);
+    marshal_init(&m, bytes, len);
     int ok = walk(bytes, len, max_depth, NULL, &m);
     if (!ok) m.failed = 1;
     *out = marshal_finish(&m, out_len);

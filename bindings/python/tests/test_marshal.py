@@ -106,6 +106,18 @@ def _documents() -> Dict[str, bytes]:
             for i in range(N_GENERATED)}
     # more distinct keys than the encoder remembers (96), in repeated objects
     docs["many_keys.json"] = json.dumps([{"key%d" % j: j for j in range(200)}] * 3).encode()
+    # keys the encoder's table finds by length and first 8 bytes, and past 8
+    # bytes by the rest too: same length, head and last 8 bytes but another
+    # middle byte; 8 against 9 bytes with the same head; prefixes of each
+    # other; the empty key; a last key within 8 bytes of the text's end
+    # (read byte by byte). Each object repeats them, so they are references.
+    mid = ["abcdefgh%sijklmnop" % c for c in "XYZ"]
+    near = ["abcdefgh", "abcdefghi", "abcdefgh\u00e9", "a", "ab", "", "\u00e9"]
+    keys = mid + near
+    obj = {k: i for i, k in enumerate(keys)}
+    other = {k: 100 + i for i, k in reversed(list(enumerate(keys)))}  # other bytes after each key
+    docs["key_collisions.json"] = (json.dumps([obj, other, obj], ensure_ascii=False)[:-1]
+                                   + ', {"z": 1, "a": 2}]').encode()
     docs["top_int.json"] = b"-9223372036854775808"
     docs["top_string.json"] = b'"\\ud83d\\ude00"'
     docs["depth_500.json"] = b'{"a":' * (MAX_DEPTH - 1) + b"[1]" + b"}" * (MAX_DEPTH - 1)
@@ -181,6 +193,22 @@ def test_a_repeated_key_is_one_object_as_with_json_loads(doc_server: Tuple[Serve
     assert all(a is b for a, b in zip(wfirst, wsecond))
     assert all(a is b for a, b in zip(first[:96], second[:96]))
     assert all(a == b for a, b in zip(first, second))
+
+
+def test_keys_alike_in_the_encoders_table_stay_apart(doc_server: Tuple[Server, str]) -> None:
+    srv, _ = doc_server
+    r = _responses(srv, ["key_collisions.json"])["key_collisions.json"]
+    v = _marshalled(r)
+    want = json.loads(DOCS["key_collisions.json"])
+    assert identical(v, want)
+    first, second, third = (list(obj) for obj in v[:3])
+    assert len(set(first)) == 10 and first == list(want[0])
+    # each key met again is the first one's object (a reference), as with json.loads
+    assert all(a is b for a, b in zip(first, third))
+    assert all(a is b for a, b in zip(first, reversed(second)))
+    assert list(v[3]) == ["z", "a"] and v[3]["a"] == 2
+    # "a" within 8 bytes of the end: its head read byte by byte, still found
+    assert list(v[3])[1] is first[first.index("a")]
 
 
 def test_without_the_option_json_parses_the_body(doc_server: Tuple[Server, str]) -> None:
