@@ -244,9 +244,10 @@ FUNCTIONS: List[_Decl] = [
     ("fq_result_release", None, [c_void_p], None),
     ("fq_result_http_status", c_long, [c_void_p], None),
     ("fq_result_headers", c_void_p, [c_void_p], None),
-    ("fq_result_body", c_void_p, [c_void_p, POINTER(c_size_t)], None),
+    # the length goes to a size_t the caller names by address (see _LengthCell)
+    ("fq_result_body", c_void_p, [c_void_p, c_void_p], None),
     ("fq_result_metrics", c_void_p, [c_void_p], None),
-    ("fq_result_marshal", c_void_p, [c_void_p, POINTER(c_size_t)], None),
+    ("fq_result_marshal", c_void_p, [c_void_p, c_void_p], None),
     ("fq_result_from_cache", c_bool, [c_void_p], None),
     # Item store
     ("fq_store_open", StoreP, [c_char_p, c_char_p, c_size_t], None),  # NULL: checked by Store
@@ -812,11 +813,25 @@ def progress_of(event: int) -> Tuple[int, int]:
     return received.value, expected.value
 
 
+class _LengthCell(threading.local):
+    """A size_t of this thread's own, passed to the accessors that report a
+    length by its address: a ctypes call with ``byref`` of a new ``c_size_t``
+    costs about 0.9 µs here, with an address 0.5 µs (bench/findings.md,
+    Twenty-third round). Per thread, since the call releases the GIL."""
+
+    def __init__(self) -> None:
+        self.cell = c_size_t(0)
+        self.address = ctypes.addressof(self.cell)
+
+
+_LENGTH = _LengthCell()
+
+
 def body_at(result: int) -> Tuple[Optional[int], int]:
     """(address, length) of a result's body (fq_result_body)."""
-    length = c_size_t(0)
-    address = lib().fq_result_body(result, byref(length))
-    return address, length.value
+    cell = _LENGTH
+    address = lib().fq_result_body(result, cell.address)
+    return address, cell.cell.value
 
 
 def body_of(result: int) -> bytes:
@@ -865,13 +880,14 @@ NO_MARSHAL: Any = object()
 def marshal_value(result: int) -> Any:
     """The value a result holds in marshal's format (option "marshal"), or
     NO_MARSHAL when it holds none (then parse the body)."""
-    length = c_size_t(0)
-    address = lib().fq_result_marshal(result, byref(length))
+    cell = _LENGTH
+    address = lib().fq_result_marshal(result, cell.address)
     if not address:
         return NO_MARSHAL
+    length = cell.cell.value
     if _READ_MARSHAL is not None:
-        return _READ_MARSHAL(address, length.value)
-    return _marshal.loads(bytes_at(address, length.value))
+        return _READ_MARSHAL(address, length)
+    return _marshal.loads(bytes_at(address, length))
 
 
 def body_text(result: int) -> str:
