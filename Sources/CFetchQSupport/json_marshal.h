@@ -150,11 +150,10 @@ static inline void put_le64(unsigned char *o, uint64_t v) {
 }
 
 /* The first min(len, 8) bytes of a key as one word, the rest zero (byte i
- * at bits 8i..8i+7, on any host). A key without escapes has no NUL byte
- * (scan_string rejects raw control characters), so for keys of up to 8
- * bytes two heads are equal exactly when the keys are. Reads 8 bytes at
- * once when the text has them (the key's closing quote and what follows
- * are in the text), else byte by byte. */
+ * at bits 8i..8i+7, on any host): two keys of the same length up to 8 bytes
+ * are equal exactly when their heads are. Reads 8 bytes at once when the
+ * text has them (past a short key that is its closing quote and what
+ * follows, all inside the text), else byte by byte. */
 static inline uint64_t key_head(const unsigned char *p, size_t len, const unsigned char *input_end) {
     uint64_t w = 0;
     if (FQS_LITTLE_ENDIAN && input_end - p >= 8) {
