@@ -58,12 +58,29 @@ build() {
     fi
 }
 
+# SwiftPM does not notice a file added to or removed from the root package (a
+# path dependency of fuzz/) in a scratch directory it has built before: the
+# build then fails with "cannot find 'X' in scope" until the directory is
+# removed. The list of the root package's source files is kept with each
+# scratch directory; when it has changed, the directory is built afresh.
+fresh_scratch() {
+    local scratch=$1 list
+    list=$(cd "$ROOT" && find Sources -type f \( -name '*.swift' -o -name '*.c' -o -name '*.h' \) | LC_ALL=C sort)
+    if [ -d "$scratch" ] && [ "$list" != "$(cat "$scratch/.fetchq-sources" 2>/dev/null)" ]; then
+        echo "fuzz/run.sh: files were added to or removed from Sources since $scratch was built: building afresh"
+        rm -rf "$scratch"
+    fi
+    mkdir -p "$scratch"
+    printf '%s' "$list" >"$scratch/.fetchq-sources"
+}
+
 case "$mode" in
 fuzz)
     seconds=${FUZZ_SECONDS:-60}
     jobs=${FUZZ_JOBS:-1}
     t0=$(now)
     echo "building the fuzzers (release, -sanitize=fuzzer,address)..."
+    fresh_scratch "$FUZZ/.build"
     build --package-path "$FUZZ" --scratch-path "$FUZZ/.build" -c release \
         -Xswiftc -sanitize=fuzzer,address -Xswiftc -DFUZZING
     bin=$("$SWIFT" build --package-path "$FUZZ" --scratch-path "$FUZZ/.build" -c release --show-bin-path)
@@ -119,6 +136,7 @@ HINT
     ;;
 replay)
     t0=$(now)
+    fresh_scratch "$FUZZ/.build-replay"
     build --package-path "$FUZZ" --scratch-path "$FUZZ/.build-replay" --sanitize=address
     bin=$("$SWIFT" build --package-path "$FUZZ" --scratch-path "$FUZZ/.build-replay" --sanitize=address --show-bin-path)
     built=$(now)
