@@ -450,6 +450,12 @@ fq_op_id fq_submit_async(fq_queue *queue, fq_async_fn fn, const json_t *options,
  *                joins only a transfer with the same "max_wait_ms";
  *                "only-if-cached" and "stale-while-revalidate" never coalesce.
  *                Only responses that carry Cache-Control or Expires are stored.
+ * Redirects (up to "max_redirects") keep the method and body on 301, 302,
+ * 307 and 308, except that a POST becomes a GET without its body on 301 and
+ * 302; a 303 makes any method but HEAD a GET without its body (RFC 9110
+ * §15.4). Authorization and Cookie headers are not sent to another scheme,
+ * host or port; a redirect to a URL that is not http or https fails with
+ * FQ_ERR_NETWORK.
  * They run at most config "max_per_host" at once per host:port (across
  * queues; operations for a busy host never hold back other hosts). A failed
  * transfer ends FQ_FAILED with FQ_ERR_TIMEOUT, FQ_ERR_NETWORK,

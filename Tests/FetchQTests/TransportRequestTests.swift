@@ -188,6 +188,89 @@ struct TransportRequestTests {
         #expect(echo["body"]?.string == "payload")
     }
 
+    @Test("PUT, PATCH and DELETE keep their method and body through 301, 302, 307 and 308; 303 makes a GET",
+          arguments: ["PUT", "PATCH", "DELETE"], [301, 302, 303, 307, 308])
+    func customMethodRedirects(method: String, status: Int) throws {
+        let body = Array("important data".utf8)
+        let response = try transport.perform(HTTPRequest(
+            method: method, url: server.url("/redirect-to?url=/echo&status=\(status)"),
+            headers: [(name: "Content-Type", value: "text/plain"), (name: "X-Kept", value: "1")],
+            body: body)).get()
+        #expect(response.status == 200)
+        #expect(response.metrics.redirects == 1)
+        #expect(response.effectiveURL == server.url("/echo"))
+        let echo = try #require(TestJSON(parsing: response.body))
+        let headers = try #require(echo["headers"])
+        #expect(headers["x-kept"]?.string == "1")
+        if status == 303 {
+            #expect(echo["method"]?.string == "GET")
+            #expect(echo["body"]?.string == "")
+            #expect(headers["content-type"] == nil)
+            #expect(headers["content-length"] == nil)
+        } else {
+            #expect(echo["method"]?.string == method)
+            #expect(echo["body"]?.string == "important data")
+            #expect(headers["content-type"]?.string == "text/plain")
+            #expect(headers["content-length"]?.string == String(body.count))
+        }
+    }
+
+    @Test("a PUT's redirects: the cap, a chain that goes on as GET, another host, another scheme, not following")
+    func customMethodRedirectLimits() throws {
+        let body = Array("data".utf8)
+        // /redirect?n=2 answers 302 twice: within a cap of 2, one over a cap of 1.
+        let within = try transport.perform(HTTPRequest(
+            method: "PUT", url: server.url("/redirect?n=2"), body: body, maxRedirects: 2)).get()
+        #expect(within.status == 200)
+        #expect(within.metrics.redirects == 2)
+        #expect(within.effectiveURL == server.url("/json"))
+        let over = try #require(transport.perform(HTTPRequest(
+            method: "PUT", url: server.url("/redirect?n=2"), body: body, maxRedirects: 1)).error)
+        #expect(over.kind == .tooManyRedirects)
+        #expect(over.message.contains("Maximum (1) redirects followed"), "\(over.message)")
+        let loop = try #require(transport.perform(HTTPRequest(
+            method: "DELETE", url: server.url("/redirect-loop"))).error)
+        #expect(loop.kind == .tooManyRedirects)
+        // A 303 makes it a GET, whose further redirects curl follows: all count.
+        let inner = "/redirect?n=2"
+        let chained = try transport.perform(HTTPRequest(
+            method: "PUT", url: server.url("/redirect-to?url=\(URLUtilities.percentEncode(inner))&status=303"),
+            body: body, maxRedirects: 3)).get()
+        #expect(chained.metrics.redirects == 3)
+        #expect(chained.effectiveURL == server.url("/json"))
+        let chainedOver = try #require(transport.perform(HTTPRequest(
+            method: "PUT", url: server.url("/redirect-to?url=\(URLUtilities.percentEncode(inner))&status=303"),
+            body: body, maxRedirects: 2)).error)
+        #expect(chainedOver.kind == .tooManyRedirects)
+        // Credentials stay on their host.
+        let credentials = [(name: "Authorization", value: "Bearer secret"), (name: "Cookie", value: "s=1")]
+        let same = try transport.perform(HTTPRequest(
+            method: "PUT", url: server.url("/redirect-to?url=/echo&status=307"), headers: credentials,
+            body: body)).get()
+        #expect(TestJSON(parsing: same.body)?["headers"]?["authorization"]?.string == "Bearer secret")
+        let target = URLUtilities.percentEncode("http://localhost:\(server.port)/echo")
+        let other = try transport.perform(HTTPRequest(
+            method: "PUT", url: server.url("/redirect-to?url=\(target)&status=307"), headers: credentials,
+            body: body)).get()
+        let otherEcho = try #require(TestJSON(parsing: other.body))
+        #expect(otherEcho["method"]?.string == "PUT")
+        #expect(otherEcho["body"]?.string == "data")
+        #expect(otherEcho["headers"]?["authorization"] == nil)
+        #expect(otherEcho["headers"]?["cookie"] == nil)
+        // Another scheme: refused, naming both URLs.
+        let ftp = try #require(transport.perform(HTTPRequest(
+            method: "PUT", url: server.url("/redirect-to?url=ftp://127.0.0.1/file&status=308"), body: body)).error)
+        #expect(ftp.kind == .network)
+        #expect(ftp.message.contains("to ftp://127.0.0.1/file, not an http or https URL"), "\(ftp.message)")
+        // Not following: the redirect is the response.
+        let kept = try transport.perform(HTTPRequest(
+            method: "PUT", url: server.url("/redirect-to?url=/echo&status=302"), body: body,
+            followRedirects: false)).get()
+        #expect(kept.status == 302)
+        #expect(kept.header("Location") == "/echo")
+        #expect(kept.metrics.redirects == 0)
+    }
+
     @Test("a redirect to a scheme other than http/https is refused")
     func redirectToOtherScheme() throws {
         let error = try #require(transport.perform(HTTPRequest(
@@ -214,16 +297,27 @@ struct TransportRequestTests {
         let error = try #require(transport.perform(HTTPRequest(
             url: server.url("/bytes?n=100001\(chunked ? "&chunked=1" : "")"), maxResponseBytes: 100_000)).error)
         #expect(error.kind == .tooLarge)
-        // Known length: refused from Content-Length; chunked: stopped by the write callback.
-        #expect(error.curlCode == (chunked ? 23 : 63))
-        #expect(error.message.contains("100000"))
+        // Known length: refused from Content-Length at the first bytes; chunked:
+        // stopped at the cap. Both by the write callback.
+        #expect(error.curlCode == 23)
+        #expect(error.message.contains("max_response_bytes (100000 bytes)"), "\(error.message)")
     }
 
-    @Test("a huge chunked body is cut off at the cap, not downloaded")
-    func sizeCapStopsEarly() throws {
+    @Test("a huge body is cut off at the cap, not downloaded", arguments: [false, true])
+    func sizeCapStopsEarly(chunked: Bool) throws {
         let error = try #require(transport.perform(HTTPRequest(
-            url: server.url("/bytes?n=300000000&chunked=1"), timeoutMs: 60_000, maxResponseBytes: 1 << 20)).error)
+            url: server.url("/bytes?n=300000000\(chunked ? "&chunked=1" : "")"), timeoutMs: 60_000,
+            maxResponseBytes: 1 << 20)).error)
         #expect(error.kind == .tooLarge)
+    }
+
+    @Test("HEAD of a body over the cap succeeds: no body is read")
+    func sizeCapHead() throws {
+        let response = try transport.perform(HTTPRequest(
+            method: "HEAD", url: server.url("/bytes?n=20000000"), maxResponseBytes: 1000)).get()
+        #expect(response.status == 200)
+        #expect(response.header("Content-Length") == "20000000")
+        #expect(response.body.isEmpty)
     }
 
     // MARK: Content encoding

@@ -13,7 +13,9 @@ final class CurlTransfer: @unchecked Sendable {
     typealias Completion = @Sendable (Result<HTTPResponse, TransportError>) -> Void
 
     let id: TransferID
-    let request: HTTPRequest
+    /// What is sent; the next hop's request once this transfer follows a
+    /// redirect itself (`nextHop`).
+    private(set) var request: HTTPRequest
     let progress: Progress?
     let completion: Completion
     /// Set when `start` refused the request; delivered from the loop thread.
@@ -35,6 +37,14 @@ final class CurlTransfer: @unchecked Sendable {
     private var capExceeded = false
     private var lastProgressNs: UInt64 = 0
     private var lastProgressReceived: UInt64?
+
+    // Redirects this transfer follows itself (`followsItself`).
+    private var hops = 0
+    /// The milliseconds the hops before the current one took.
+    private var earlierHopsMs: Double = 0
+    /// When the first hop was configured (CLOCK_MONOTONIC), for `timeoutMs`
+    /// across hops.
+    private var firstHopNs: UInt64 = 0
 
     init(
         id: TransferID, request: HTTPRequest, progress: Progress?, completion: @escaping Completion,
@@ -168,17 +178,22 @@ final class CurlTransfer: @unchecked Sendable {
         if Self.hasScheme(r.url, "https://") { long(CURLOPT_PIPEWAIT, 1, "PIPEWAIT") }
         long(CURLOPT_TCP_KEEPALIVE, 1, "TCP_KEEPALIVE")
         if r.connectTimeoutMs > 0 { long(CURLOPT_CONNECTTIMEOUT_MS, r.connectTimeoutMs, "CONNECTTIMEOUT_MS") }
-        if r.timeoutMs > 0 { long(CURLOPT_TIMEOUT_MS, r.timeoutMs, "TIMEOUT_MS") }
+        if hops == 0 { firstHopNs = Self.monotonicNs() }
+        if r.timeoutMs > 0 {
+            // After a hop followed here: what is left of it (nextHop checked some is).
+            let spentMs = Int((Self.monotonicNs() &- firstHopNs) / 1_000_000)
+            long(CURLOPT_TIMEOUT_MS, hops == 0 ? r.timeoutMs : max(1, r.timeoutMs - spentMs), "TIMEOUT_MS")
+        }
         // Redirects. CURLOPT_UNRESTRICTED_AUTH stays 0 (curl's default): curl then
         // drops custom Authorization and Cookie headers when a redirect changes
         // host, port or scheme.
-        long(CURLOPT_FOLLOWLOCATION, r.followRedirects ? 1 : 0, "FOLLOWLOCATION")
-        long(CURLOPT_MAXREDIRS, r.maxRedirects, "MAXREDIRS")
-        // Size cap: refused up front when Content-Length says so; otherwise the
-        // write callback stops at the cap.
-        if r.maxResponseBytes > 0 {
-            check(fqc_easy_setopt_off(easy, CURLOPT_MAXFILESIZE_LARGE, curl_off_t(r.maxResponseBytes)), "MAXFILESIZE_LARGE")
-        }
+        long(CURLOPT_FOLLOWLOCATION, r.followRedirects && !followsItself ? 1 : 0, "FOLLOWLOCATION")
+        long(CURLOPT_MAXREDIRS, r.maxRedirects - hops, "MAXREDIRS")
+        // Size cap: the write callback refuses a body whose Content-Length is
+        // over it at its first bytes, and stops any other at the cap. Not
+        // CURLOPT_MAXFILESIZE: curl applies it to every response's
+        // Content-Length, a HEAD's and a followed redirect's too, whose
+        // bodies are never read.
         // TLS.
         long(CURLOPT_SSL_VERIFYPEER, r.verifyTLS ? 1 : 0, "SSL_VERIFYPEER")
         long(CURLOPT_SSL_VERIFYHOST, r.verifyTLS ? 2 : 0, "SSL_VERIFYHOST")
@@ -249,6 +264,12 @@ final class CurlTransfer: @unchecked Sendable {
             if let easy, fqc_easy_getinfo_off(easy, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &length) == CURLE_OK,
                 length > 0
             {
+                // Content-Length is the size as sent: with a Content-Encoding
+                // the decoded body, which the cap counts, may be smaller.
+                if cap > 0 && Int64(length) > Int64(cap) && !isContentEncoded {
+                    capExceeded = true
+                    return 0
+                }
                 // A hint only (encoded size); bounded by the cap, or by 16 MiB with no cap,
                 // so a lying Content-Length cannot make us allocate.
                 body.reserveCapacity(min(Int(length), cap > 0 ? cap : 16 << 20))
@@ -287,6 +308,15 @@ final class CurlTransfer: @unchecked Sendable {
         return count
     }
 
+    /// Whether the response being received names a Content-Encoding other
+    /// than identity (its body is decoded on the way to the write callback).
+    private var isContentEncoded: Bool {
+        headers.contains {
+            TransportText.equalsIgnoringASCIICase($0.name, "content-encoding")
+                && !TransportText.equalsIgnoringASCIICase($0.value, "identity") && !$0.value.isEmpty
+        }
+    }
+
     private static func trimmed(_ bytes: Slice<UnsafeRawBufferPointer>) -> String {
         var s = bytes
         while let f = s.first, f == 0x20 || f == 0x09 { s = s.dropFirst() }
@@ -319,13 +349,14 @@ final class CurlTransfer: @unchecked Sendable {
         guard let easy else {
             return .failure(TransportError(kind: .network, message: "no easy handle"))
         }
-        var redirects = 0
-        getLong(easy, CURLINFO_REDIRECT_COUNT) { redirects = $0 }
+        var redirects = hops
+        getLong(easy, CURLINFO_REDIRECT_COUNT) { redirects += $0 }
         guard code == CURLE_OK else {
-            let kind = TransportError.kind(for: code, capExceeded: capExceeded, redirected: redirects > 0)
+            let httpURL = Self.hasScheme(request.url, "http://") || Self.hasScheme(request.url, "https://")
+            let kind = TransportError.kind(for: code, capExceeded: capExceeded, httpURL: httpURL)
             var text: String
             if kind == .tooLarge {
-                text = "response body exceeds maxResponseBytes (\(request.maxResponseBytes) bytes)"
+                text = "response body exceeds max_response_bytes (\(request.maxResponseBytes) bytes)"
             } else {
                 text = String(cString: errorBuffer)
                 if text.isEmpty { text = TransportError.curlText(code) }
@@ -349,7 +380,7 @@ final class CurlTransfer: @unchecked Sendable {
         var metrics = TransferMetrics()
         metrics.connectMs = microseconds(easy, CURLINFO_CONNECT_TIME_T) / 1000
         metrics.firstByteMs = microseconds(easy, CURLINFO_STARTTRANSFER_TIME_T) / 1000
-        metrics.totalMs = microseconds(easy, CURLINFO_TOTAL_TIME_T) / 1000
+        metrics.totalMs = earlierHopsMs + microseconds(easy, CURLINFO_TOTAL_TIME_T) / 1000
         metrics.bytesReceived = body.count
         metrics.redirects = redirects
         getLong(easy, CURLINFO_HTTP_VERSION) { v in
@@ -368,6 +399,99 @@ final class CurlTransfer: @unchecked Sendable {
         headers = []
         body = []
         return .success(response)
+    }
+
+    // MARK: - Redirects followed here (loop thread)
+
+    /// Whether this transfer follows redirects itself rather than curl: for a
+    /// method curl sends as CURLOPT_CUSTOMREQUEST (any but HEAD, POST and a
+    /// GET without a body), curl 7.88 keeps that method after a 303, where
+    /// RFC 9110 §15.4.4 says GET, and sends it without its body after a 301
+    /// or 302, where §15.4.2-3 keep both (only POST may become GET there).
+    /// (curl 8.13's CURLFOLLOW_OBEYCODE would do this; Debian 12 has 7.88.)
+    private var followsItself: Bool {
+        guard request.followRedirects else { return false }
+        switch request.method {
+        case "HEAD", "POST": return false
+        case "GET": return request.body != nil
+        default: return true
+        }
+    }
+
+    enum Hop {
+        /// `request` is now the next hop's: configure and add the handle again.
+        case follow
+        case fail(TransportError)
+    }
+
+    /// For a transfer that ended without a curl error, before its handle is
+    /// reset: whether it follows a redirect itself (`followsItself`), or
+    /// fails trying; nil when the response is the result.
+    ///
+    /// The next hop: 303 becomes a GET without the body and its Content-*
+    /// headers; 301, 302, 307 and 308 keep the method and the body. As curl
+    /// does for the hops it follows, Authorization and Cookie headers are
+    /// not sent to another scheme, host or port; `maxRedirects`, `timeoutMs`
+    /// and the http/https restriction count across all hops.
+    func nextHop() -> Hop? {
+        guard followsItself, let easy else { return nil }
+        var status = 0
+        getLong(easy, CURLINFO_RESPONSE_CODE) { status = $0 }
+        guard status == 301 || status == 302 || status == 303 || status == 307 || status == 308 else { return nil }
+        var at: UnsafePointer<CChar>?
+        guard fqc_easy_getinfo_string(easy, CURLINFO_REDIRECT_URL, &at) == CURLE_OK, let at else { return nil }
+        let target = String(cString: at)
+        let place = Self.redacted(request.url)
+        guard hops < request.maxRedirects else {
+            return .fail(TransportError(
+                kind: .tooManyRedirects,
+                message: "Maximum (\(request.maxRedirects)) redirects followed (curl error 47) after \(hops) redirect\(hops == 1 ? "" : "s"), at \(place)",
+                curlCode: 47))
+        }
+        guard URLUtilities.hostOf(url: target) != nil else {
+            return .fail(TransportError(
+                kind: .network,
+                message: "\(place) redirects (\(status)) to \(Self.redacted(target)), not an http or https URL with a host"))
+        }
+        let spentMs = Int((Self.monotonicNs() &- firstHopNs) / 1_000_000)
+        if request.timeoutMs > 0 && spentMs >= request.timeoutMs {
+            return .fail(TransportError(
+                kind: .timeout,
+                message: "Operation timed out after \(spentMs) milliseconds, following a redirect (\(status)) at \(place)",
+                curlCode: 28))
+        }
+        var next = request
+        next.url = target
+        if status == 303 {
+            next.method = "GET"
+            next.body = nil
+            next.headers.removeAll { Self.hasPrefixIgnoringASCIICase($0.name, "content-") }
+        }
+        if Self.origin(of: target) != Self.origin(of: request.url) {
+            next.headers.removeAll {
+                TransportText.equalsIgnoringASCIICase($0.name, "authorization")
+                    || TransportText.equalsIgnoringASCIICase($0.name, "cookie")
+            }
+        }
+        earlierHopsMs += microseconds(easy, CURLINFO_TOTAL_TIME_T) / 1000
+        hops += 1
+        request = next
+        headers = []
+        body = []
+        reserved = false
+        capExceeded = false
+        errorBuffer[0] = 0
+        return .follow
+    }
+
+    /// Scheme, host and port, for telling whether a redirect leaves the origin.
+    private static func origin(of url: String) -> String? {
+        guard let host = URLUtilities.hostOf(url: url) else { return nil }
+        return (hasScheme(url, "https://") ? "https://" : "http://") + host
+    }
+
+    private static func hasPrefixIgnoringASCIICase(_ name: String, _ prefix: String) -> Bool {
+        hasScheme(name, prefix)  // the same comparison: a prefix, ASCII case ignored
     }
 
     private func getLong(_ easy: UnsafeMutableRawPointer, _ info: CURLINFO, _ use: (Int) -> Void) {

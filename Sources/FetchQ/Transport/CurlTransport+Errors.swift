@@ -3,8 +3,8 @@ import CCurl
 extension TransportError {
     /// The error kind for a curl result. `capExceeded` says our write callback
     /// refused data because of `maxResponseBytes` (curl then reports WRITE_ERROR);
-    /// `redirected` says at least one redirect was followed.
-    static func kind(for code: CURLcode, capExceeded: Bool, redirected: Bool) -> Kind {
+    /// `httpURL` says the request's own URL is http:// or https://.
+    static func kind(for code: CURLcode, capExceeded: Bool, httpURL: Bool) -> Kind {
         switch code {
         case CURLE_OPERATION_TIMEDOUT:
             return .timeout
@@ -27,9 +27,10 @@ extension TransportError {
             CURLE_SSL_INVALIDCERTSTATUS, CURLE_SSL_CLIENTCERT, CURLE_USE_SSL_FAILED:
             return .tls
         case CURLE_UNSUPPORTED_PROTOCOL:
-            // The caller's URL had a scheme other than http/https -> their mistake;
-            // a server redirecting there is the server's doing.
-            return redirected ? .network : .invalidRequest
+            // With an http(s) URL, the server's doing: a redirect to another
+            // scheme, or a reply that is not HTTP at all (curl: "Received
+            // HTTP/0.9 when not allowed"). Otherwise the caller's mistake.
+            return httpURL ? .network : .invalidRequest
         case CURLE_URL_MALFORMAT, CURLE_BAD_FUNCTION_ARGUMENT, CURLE_UNKNOWN_OPTION,
             CURLE_NOT_BUILT_IN:
             return .invalidRequest

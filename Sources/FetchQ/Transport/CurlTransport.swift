@@ -388,6 +388,15 @@ final class CurlLoop: @unchecked Sendable {
 
     /// curl finished the transfer (successfully or not).
     private func finish(_ transfer: CurlTransfer, _ code: CURLcode) {
+        if code == CURLE_OK, let hop = transfer.nextHop() {
+            // A redirect the transfer follows itself (see CurlTransfer.followsItself).
+            detach(transfer)
+            switch hop {
+            case .follow: begin(transfer)
+            case .fail(let error): deliver(transfer, .failure(error))
+            }
+            return
+        }
         let result = transfer.result(for: code)
         detach(transfer)
         deliver(transfer, result)

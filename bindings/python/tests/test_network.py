@@ -166,6 +166,44 @@ def test_connection_refused_is_network_error(net_engine: fetchq.Engine) -> None:
         f.result(timeout=TIMEOUT)
 
 
+@pytest.mark.parametrize("reply", [b"GARBAGE\r\n\r\n", b"HTTP/1.1 199 Weird\r\nContent-Length: 0\r\n\r\n"])
+def test_a_reply_that_is_not_http_is_a_network_error_and_retried(net_engine: fetchq.Engine,
+                                                                  reply: bytes) -> None:
+    # The server's fault, not the caller's: NetworkError (not InvalidArgument),
+    # and retried like any other network failure.
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.settimeout(TIMEOUT)
+    port = listener.getsockname()[1]
+    accepted: List[int] = []
+
+    def serve() -> None:
+        for _ in range(3):                     # one connection per attempt
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(TIMEOUT)
+                conn.recv(65536)               # the request head
+                conn.sendall(reply)
+                accepted.append(1)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        f = net_engine.queue("not-http").get("http://127.0.0.1:%d/x" % port,
+                                             retry={"max": 2, "base": 0.01})
+        with pytest.raises(fetchq.NetworkError) as info:
+            f.result(timeout=TIMEOUT)
+        assert type(info.value) is fetchq.NetworkError
+        thread.join(timeout=TIMEOUT)
+        assert len(accepted) == 3
+    finally:
+        listener.close()
+
+
 def test_invalid_requests_fail_at_submit(net_engine: fetchq.Engine) -> None:
     q = net_engine.queue("n")
     with pytest.raises(fetchq.InvalidArgument, match="ftp"):
