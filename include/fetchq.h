@@ -449,7 +449,13 @@ fq_op_id fq_submit_async(fq_queue *queue, fq_async_fn fn, const json_t *options,
  *                Coalesced callers share the first caller's mode; a caller
  *                joins only a transfer with the same "max_wait_ms";
  *                "only-if-cached" and "stale-while-revalidate" never coalesce.
- *                Only responses that carry Cache-Control or Expires are stored.
+ *                Only responses that carry Cache-Control or Expires are stored,
+ *                and never one reached through a redirect. An entry answers
+ *                only a request with the same URL and headers (Cache-Control
+ *                and Pragma aside: a "no-cache" request refreshes the entry
+ *                the others use), the same "verify_tls" and "ca_file", and
+ *                redirects followed or not alike; one over the request's
+ *                "max_response_bytes" does not answer it.
  * Redirects (up to "max_redirects") keep the method and body on 301, 302,
  * 307 and 308, except that a POST becomes a GET without its body on 301 and
  * 302; a 303 makes any method but HEAD a GET without its body (RFC 9110

@@ -72,6 +72,88 @@ import Testing
         #expect(try serverCount("/cache") == 4)
     }
 
+    /// An entry stored by one request answers another only if that one would
+    /// have been allowed the same response: without TLS verification, with
+    /// another CA file, or with redirects not followed, a response is kept
+    /// apart; a smaller size cap is not answered by a larger entry.
+    @Test func anEntryAnswersOnlyARequestAllowedTheSameResponse() throws {
+        _ = try server.get("/stats/reset")
+        try withEngine { engine, queue, c in
+            func get(_ key: String, _ options: String? = nil) throws -> OperationResult {
+                let url = server.url("/cache?max_age=60&key=\(key)")
+                return try #require(c.wait(try engine.request(#"{"url": "\#(url)"}"#, options: options, on: queue, c)))
+            }
+            for (key, options) in [("tls", #"{"verify_tls": false}"#),
+                                   ("ca", #"{"ca_file": "/etc/ssl/certs/ca-certificates.crt"}"#),
+                                   ("follow", #"{"max_redirects": 0}"#)] {
+                let unusual = try get(key, options)
+                #expect(unusual.outcome == .succeeded)
+                let plain = try get(key)
+                #expect(plain.fromCache == false, "\(key)")
+                #expect(plain.value?.at("/count")?.integerValue == 2, "\(key)")
+                let again = try get(key, options)  // its own entry is still there
+                #expect(again.fromCache == true, "\(key)")
+                #expect(again.value?.at("/count")?.integerValue == 1, "\(key)")
+            }
+            // The body {"key": "cap", "max_age": 60, "count": 1} is 41 bytes.
+            let stored = try get("cap")
+            #expect(stored.outcome == .succeeded)
+            let capped = try get("cap", #"{"max_response_bytes": 10}"#)
+            #expect(capped.outcome == .failed)
+            #expect(capped.status == .tooLarge)
+            #expect(capped.fromCache == false)
+            let cachedOnly = try get("cap", #"{"max_response_bytes": 10, "cache": "only-if-cached"}"#)
+            #expect(cachedOnly.outcome == .failed)
+            #expect(cachedOnly.status == .tooLarge)
+            #expect(cachedOnly.message?.contains("exceeds max_response_bytes (10 bytes)") == true, "\(String(describing: cachedOnly.message))")
+            let roomy = try get("cap", #"{"max_response_bytes": 1000}"#)
+            #expect(roomy.fromCache == true)
+        }
+        // tls, ca and follow: 2 requests each; cap: the first and the capped one.
+        #expect(try serverCount("/cache") == 8)
+    }
+
+    @Test func aRedirectedResponseIsNotStored() throws {
+        _ = try server.get("/stats/reset")
+        try withEngine { engine, queue, c in
+            let target = URLUtilities.percentEncode("/cache?max_age=60&key=redirected")
+            let url = server.url("/redirect-to?url=\(target)&status=302")
+            for count in 1...2 {
+                let r = try #require(c.wait(try engine.request(#"{"url": "\#(url)"}"#, on: queue, c)))
+                #expect(r.outcome == .succeeded)
+                #expect(r.fromCache == false)
+                #expect(r.value?.at("/count")?.integerValue == Int64(count))
+            }
+        }
+        #expect(try serverCount("/cache") == 2)
+        #expect(try serverCount("/redirect-to") == 2)
+    }
+
+    @Test func aNoCacheRequestRefreshesTheEntryPlainRequestsUse() throws {
+        _ = try server.get("/stats/reset")
+        try withEngine { engine, queue, c in
+            let url = server.url("/cache?max_age=60&key=refresh")
+            let first = try #require(c.wait(try engine.request(#"{"url": "\#(url)"}"#, on: queue, c)))
+            #expect(first.value?.at("/count")?.integerValue == 1)
+            // "no-cache" asks the server, here with the entry's validator
+            // (the route answers 304 to If-Modified-Since): the answer is the
+            // entry plain requests get next, not one of its own.
+            let forced = try #require(c.wait(try engine.request(
+                #"{"url": "\#(url)", "headers": {"Cache-Control": "no-cache"}}"#, on: queue, c)))
+            #expect(forced.outcome == .succeeded)
+            #expect(try serverCount("/cache") == 2)
+            let (_, stats) = try server.get("/stats")
+            let log = try JSONParser.parse(stats, maxDepth: 64)
+            let forcedHeaders = (0..<50).lazy.compactMap { log.at("/headers_log/\($0)/headers") }
+                .first { $0.at("/cache-control")?.stringValue == "no-cache" }
+            #expect(forcedHeaders?.at("/if-modified-since")?.stringValue == "Wed, 01 Jan 2025 00:00:00 GMT")
+            let plain = try #require(c.wait(try engine.request(#"{"url": "\#(url)"}"#, on: queue, c)))
+            #expect(plain.fromCache == true)
+            #expect(plain.value?.at("/count")?.integerValue == forced.value?.at("/count")?.integerValue)
+        }
+        #expect(try serverCount("/cache") == 2)
+    }
+
     @Test func staleWhileRevalidateDeliversTheCachedValueFirst() throws {
         try withEngine { engine, queue, c in
             let url = server.url("/cache?max_age=0&key=swr")

@@ -39,7 +39,20 @@ extension Engine {
         if let cache = httpCache, let key = job.cacheKey, attempt == 1 {
             let control = job.request.headers.first { TransportText.equalsIgnoringASCIICase($0.name, "cache-control") }?.value
             var context = CacheContext(key: key, requestCacheControl: control)
-            let found: HTTPCache.Lookup = job.cache == .reload ? .miss : cache.lookup(key, now: wallClockSeconds(), requestCacheControl: control)
+            var found: HTTPCache.Lookup = job.cache == .reload ? .miss : cache.lookup(key, now: wallClockSeconds(), requestCacheControl: control)
+            let cap = job.request.maxResponseBytes
+            if cap > 0, let entry = found.entry, entry.body.count > cap {
+                // Stored for a request with a larger cap: this one must not
+                // get it. The network decides (only-if-cached: it fails, as
+                // the transfer would).
+                guard job.cache != .onlyIfCached else {
+                    finishRunning(op, OperationResult(id: op.id, outcome: .failed, status: .tooLarge,
+                                                      message: "GET \(job.request.url): the cached response body (\(entry.body.count) bytes) exceeds max_response_bytes (\(cap) bytes)",
+                                                      value: nil))
+                    return
+                }
+                found = .miss
+            }
             switch (job.cache, found) {
             case (.default, .fresh(let entry)), (.onlyIfCached, .fresh(let entry)), (.onlyIfCached, .stale(let entry)):
                 let response = entry.response(url: job.request.url)
@@ -200,7 +213,11 @@ extension Engine {
         var fromCache = fromCache
         if let context, let cache = httpCache, case .success(let response) = outcome {
             let now = wallClockSeconds()
-            if response.status == 304, context.entry != nil,
+            if response.metrics.redirects > 0 {
+                // The answer of another URL: never stored under this one's
+                // key (that would keep the redirect, which may change, for
+                // as long as the target may be cached).
+            } else if response.status == 304, context.entry != nil,
                let refreshed = cache.refresh(context.key, notModifiedHeaders: response.headers, now: now) {
                 // Revalidated: the cached body, with this transfer's metrics.
                 var revalidated = refreshed.response(url: job.request.url)
