@@ -794,7 +794,7 @@ class _Core:
             return ref.op_id
         if isinstance(ref, bool) or not isinstance(ref, int):
             raise TypeError("expected a fetchq future or an operation id, got %r" % (ref,))
-        return ref
+        return _c_int(ref, "operation id", 64)
 
     def request_cancel(self, fut: AnyFuture) -> bool:
         with self.lock:
@@ -839,7 +839,13 @@ class _Core:
                                 % (userdata, self.lib.fq_result_op_id(result)))
                 return
             fut = state.future
-            how, value = self._outcome(state, result)
+            try:
+                how, value = self._outcome(state, result)
+            except BaseException as exc:
+                # Making the Python value failed (a RecursionError for a value
+                # nested deeper than this thread's stack allows, MemoryError):
+                # the future raises it rather than never resolving.
+                how, value = "exception", exc
             # Drop the state (it keeps the queue and engine alive) before the
             # future's done-callbacks run, so they see the engine as the user
             # left it.
@@ -914,12 +920,12 @@ class _Core:
             ptr = _ffi.to_json(value, "the return value of %s" % getattr(state.fn, "__name__", "the body"))
             return ctypes.cast(ptr, ctypes.c_void_p).value  # NEW, stolen by the library
         except BaseException as exc:
+            # Nothing may escape: ctypes would hand the library an undefined
+            # pointer as the body's value.
             state.cause = exc
-            text = str(exc)
-            message = "%s: %s" % (type(exc).__name__, text) if text else type(exc).__name__
             try:
-                L.fq_op_set_error(op, message.replace("\0", "\\0").encode("utf-8", "replace"))
-            except FetchqError:
+                L.fq_op_set_error(op, _exception_text(exc).replace("\0", "\\0").encode("utf-8", "replace"))
+            except BaseException:
                 log.exception("fetchq: fq_op_set_error failed")
             return None
         finally:
@@ -947,12 +953,13 @@ class _Core:
                 ctx._finish_for_close()
         except BaseException as exc:
             state.cause = exc
-            text = str(exc)
             try:
-                ctx.finish(error="%s: %s" % (type(exc).__name__, text) if text else type(exc).__name__)
+                ctx.finish(error=_exception_text(exc))
             except StateError:
-                log.warning("fetchq: async start of op %d raised after finishing it: %r",
-                            ctx.id, exc)
+                log.warning("fetchq: async start of op %d raised after finishing it: %s",
+                            ctx.id, _exception_text(exc))
+            except BaseException:
+                log.exception("fetchq: finishing op %d after its start raised failed", ctx.id)
         finally:
             _tls.ops.pop()
             _tls.cores.pop()
@@ -1006,7 +1013,7 @@ class _Core:
     def dispatch(self, max_count: int = 0) -> int:
         h = self.enter()
         try:
-            return int(self.lib.fq_engine_dispatch(h, max_count))
+            return int(self.lib.fq_engine_dispatch(h, _c_int(max_count, "max_count")))
         finally:
             self.exit()
 
@@ -1172,7 +1179,8 @@ class Queue:
         self._max = max_concurrent
         self._suspended = False
         raw = _ffi.encode_str(name, "queue name")
-        self._handle: Any = self._core.call(self._core.lib.fq_queue_new, raw, max_concurrent)
+        self._handle: Any = self._core.call(self._core.lib.fq_queue_new, raw,
+                                            _c_int(max_concurrent, "max_concurrent"))
 
     def _enter(self) -> Any:
         self._core.enter()
@@ -1197,7 +1205,7 @@ class Queue:
         return self._max
 
     def set_max_concurrent(self, n: int) -> None:
-        self._call(self._core.lib.fq_queue_set_max_concurrent, n)
+        self._call(self._core.lib.fq_queue_set_max_concurrent, _c_int(n, "max_concurrent"))
         self._max = n
 
     @property
@@ -1226,8 +1234,9 @@ class Queue:
     def close(self) -> None:
         """Frees the queue: operations not started are cancelled; running ones
         finish. The queue cannot be used afterwards."""
-        if self._engine._queues.get(self.name) is self:
-            del self._engine._queues[self.name]
+        with self._engine._queues_lock:
+            if self._engine._queues.get(self.name) is self:
+                del self._engine._queues[self.name]
         with self._core.lock:
             handle, self._handle = self._handle, None
             self._core.queues.discard(self)
@@ -1369,6 +1378,8 @@ class Queue:
         if isinstance(queries, (str, bytes)):
             raise TypeError("queries must be an iterable of str, not a single string")
         raw = [_ffi.encode_str(q, "query") for q in queries]
+        if not raw:
+            raise InvalidArgument("search_all needs at least one query")
         array = (ctypes.c_char_p * max(1, len(raw)))(*raw)
         n = len(raw)
         if on_child is not None:
@@ -1558,11 +1569,19 @@ class AsyncQueue(Queue):
 
 
 async def _await_pending(core: _Core, which: Callable[[_OpState], bool],
-                         timeout: Optional[float]) -> None:
+                         timeout: Optional[float], started_async_too: bool = True) -> None:
+    """Waits for the pending futures ``which`` selects; without
+    ``started_async_too``, not for those of async operations already
+    started and not finished (looked at again each time around)."""
     loop = asyncio.get_running_loop()
     deadline = None if timeout is None else loop.time() + timeout
     while True:
-        futs = [s.future for s in list(core.pending.values()) if which(s)]
+        skipped: "set[int]" = set()
+        if not started_async_too:
+            with core.lock:
+                skipped = {op.id for op in core.async_ops}
+        futs = [s.future for s in list(core.pending.values())
+                if which(s) and s.future._op_id not in skipped]
         if not futs:
             return
         remaining = None if deadline is None else max(0.0, deadline - loop.time())
@@ -1578,20 +1597,24 @@ class _EngineBase:
     _core: _Core
     _queues: Dict[str, Queue]
     _queue_class: type = Queue
+    # Finding or creating a queue by name, and forgetting a closed one: two
+    # threads asking for the same new name get the same queue.
+    _queues_lock: threading.Lock
 
     def queue(self, name: str, max_concurrent: Optional[int] = None) -> Any:
         """The queue named ``name``, created on first use with
         ``max_concurrent`` (default 4); for an existing queue a different
         ``max_concurrent`` is applied."""
-        existing = self._queues.get(name)
-        if existing is not None:
-            if max_concurrent is not None and max_concurrent != existing.max_concurrent:
-                existing.set_max_concurrent(max_concurrent)
-            return existing
-        q = self._queue_class(self, name, 4 if max_concurrent is None else max_concurrent)
-        self._queues[name] = q
-        self._core.queues.add(q)
-        return q
+        with self._queues_lock:
+            existing = self._queues.get(name)
+            if existing is None:
+                q = self._queue_class(self, name, 4 if max_concurrent is None else max_concurrent)
+                self._queues[name] = q
+                self._core.queues.add(q)
+                return q
+        if max_concurrent is not None and max_concurrent != existing.max_concurrent:
+            existing.set_max_concurrent(max_concurrent)
+        return existing
 
     @property
     def closed(self) -> bool:
@@ -1622,7 +1645,8 @@ class _EngineBase:
             if priority not in _PRIORITIES:
                 raise InvalidArgument("unknown priority %r" % priority)
             priority = _PRIORITIES[priority]
-        self._core.call(self._core.lib.fq_set_priority, self._core.op_id_of(op), priority)
+        self._core.call(self._core.lib.fq_set_priority, self._core.op_id_of(op),
+                        _c_int(priority, "priority"))
 
     def add_dependency(self, op: OpRef, dep: OpRef) -> None:
         """Makes ``op`` (not started yet) also wait for ``dep``."""
@@ -1665,6 +1689,7 @@ class Engine(_EngineBase):
             raise InvalidArgument("Engine uses thread delivery; use AsyncEngine for poll/asyncio")
         config["delivery"] = "thread"
         self._queues = {}
+        self._queues_lock = threading.Lock()
         self._core = _Core(config, "thread", use_logging=use_logging)
         self._finalizer = weakref.finalize(self, _finalize, self._core, None)
 
@@ -1722,6 +1747,7 @@ class AsyncEngine(_EngineBase):
         config.setdefault("transfer_threads", 1)
         self._loop = loop
         self._queues = {}
+        self._queues_lock = threading.Lock()
         self._core = _Core(config, "poll", loop, use_logging=use_logging)
         fd = self._core.fd
         loop.add_reader(fd, self._core.on_readable)
@@ -1760,7 +1786,11 @@ class AsyncEngine(_EngineBase):
         if not self.closed:
             self.cancel_all()
             try:
-                await _await_pending(self._core, lambda s: True, timeout)
+                # Not for async operations already started: cancelled now,
+                # they end when their code finishes them, or at close(),
+                # cancelled either way (as Engine.close() does). Waiting for
+                # them would wait out the timeout for a finish nobody may call.
+                await _await_pending(self._core, lambda s: True, timeout, started_async_too=False)
             except Timeout:
                 pass
         self.close()
@@ -1777,6 +1807,30 @@ class AsyncEngine(_EngineBase):
 
     def __repr__(self) -> str:
         return "<fetchq.AsyncEngine %s>" % ("closed" if self.closed else "open")
+
+
+def _c_int(value: Any, what: str, bits: int = 32) -> int:
+    """``value`` checked for a C integer argument of ``bits`` bits: ctypes
+    would silently wrap an int out of range (2**32 + 1 becoming 1) and
+    raise its own ArgumentError for another type."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError("%s must be an int, not %s" % (what, type(value).__name__))
+    limit = 1 << (bits - 1)
+    if not -limit <= value < limit:
+        raise InvalidArgument("%s %d is out of range (a %d-bit integer)" % (what, value, bits))
+    return value
+
+
+def _exception_text(exc: BaseException) -> str:
+    """``"Type: message"`` for an exception raised by user code, for the
+    library's error text. Never raises: an exception whose ``__str__`` fails
+    is named by its type."""
+    name = type(exc).__name__
+    try:
+        text = str(exc)
+    except BaseException as failure:  # noqa: BLE001 - a broken __str__ must not unwind into C
+        return "%s (str() of it raised %s)" % (name, type(failure).__name__)
+    return "%s: %s" % (name, text) if text else name
 
 
 def version() -> str:

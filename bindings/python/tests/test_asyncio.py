@@ -148,6 +148,47 @@ def test_aclose_with_pending_work_resolves_everything() -> None:
     run(main)
 
 
+def test_aclose_does_not_wait_for_async_operations_nobody_finishes() -> None:
+    # Engine.close() finishes them (cancelled) at once; aclose() used to
+    # wait its whole timeout for them first. One that its code does finish
+    # on cancellation still ends cancelled, and a running block is waited for.
+    async def main() -> None:
+        engine = fetchq.AsyncEngine(workers=2)
+        q = engine.queue("a", max_concurrent=3)
+        kept: List[fetchq.AsyncOp] = []
+        forgotten = q.submit_async(kept.append)              # never finished
+        loop = asyncio.get_running_loop()
+
+        def finish_when_cancelled(op: fetchq.AsyncOp) -> None:
+            def poll() -> None:
+                if op.cancelled:
+                    op.finish("late")
+                else:
+                    loop.call_later(0.01, poll)
+            loop.call_soon_threadsafe(poll)
+
+        minding = q.submit_async(finish_when_cancelled)
+        block_ran = threading.Event()
+
+        def slow_block() -> int:
+            time.sleep(0.2)
+            block_ran.set()
+            return 1
+
+        block = q.submit(slow_block)
+        while len(kept) < 1:
+            await asyncio.sleep(0.005)
+        started = time.monotonic()
+        await engine.aclose(timeout=20)
+        took = time.monotonic() - started
+        assert engine.closed
+        assert forgotten.cancelled() and minding.cancelled()
+        assert block_ran.is_set() and block.cancelled()      # cancelled while running
+        assert took < 10, "aclose waited %.1f s" % took
+        assert engine._core.violations == []
+    run(main)
+
+
 def test_random_cancels_asyncio_exactly_once() -> None:
     async def main() -> None:
         rng = random.Random(99)

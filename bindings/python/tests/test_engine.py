@@ -48,6 +48,52 @@ def test_queue_by_name_is_the_same_object_and_names_are_unique(engine: fetchq.En
         engine.queue("bad", max_concurrent=0)
 
 
+def test_two_threads_asking_for_a_new_queue_get_the_same_one(engine: fetchq.Engine) -> None:
+    for i in range(500):
+        gate = threading.Barrier(2, timeout=TIMEOUT)
+        got: List[Any] = []
+
+        def ask(name: str = "race-%d" % i) -> None:
+            gate.wait()
+            try:
+                got.append(engine.queue(name))
+            except BaseException as e:  # noqa: BLE001 - the assertion below shows it
+                got.append(e)
+
+        threads = [threading.Thread(target=ask) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(TIMEOUT)
+        assert len(got) == 2 and isinstance(got[0], fetchq.Queue) and got[0] is got[1], got
+
+
+def test_integer_arguments_out_of_range_or_of_another_type_are_refused(engine: fetchq.Engine) -> None:
+    # ctypes would wrap 2**32 + 1 to 1 and 2**64 + id to id.
+    with pytest.raises(fetchq.InvalidArgument, match="max_concurrent 4294967297 is out of range"):
+        engine.queue("big", 2**32 + 1)
+    assert "big" not in engine.stats()["queues"]
+    with pytest.raises(TypeError, match="max_concurrent must be an int, not str"):
+        engine.queue("str", "2")  # type: ignore[arg-type]
+    q = engine.queue("ints", max_concurrent=1)
+    with pytest.raises(fetchq.InvalidArgument, match="out of range"):
+        q.set_max_concurrent(2**31)
+    with pytest.raises(TypeError):
+        q.set_max_concurrent(None)  # type: ignore[arg-type]
+    assert q.max_concurrent == 1
+    q.suspend()
+    f = q.submit(lambda: 1)
+    with pytest.raises(fetchq.InvalidArgument, match="priority 4294967304 is out of range"):
+        engine.set_priority(f, 2**32 + 8)
+    with pytest.raises(TypeError, match="priority must be an int, not float"):
+        engine.set_priority(f, 4.0)  # type: ignore[arg-type]
+    with pytest.raises(fetchq.InvalidArgument, match="operation id .* is out of range"):
+        engine.cancel(2**64 + f.op_id)
+    assert not f.cancelled()
+    q.resume()
+    assert f.result(timeout=TIMEOUT) == 1
+
+
 def test_stats_counts(engine: fetchq.Engine) -> None:
     q = engine.queue("s", max_concurrent=2)
     futs = [q.submit(lambda i=i: i) for i in range(10)]

@@ -460,6 +460,8 @@ def test_search_all_partial_and_fail_fast(net_engine: fetchq.Engine) -> None:
         q.search_all(["go", "__fail"], fail_fast=True).result(timeout=TIMEOUT)
     with pytest.raises(TypeError):
         q.search_all("swift")
+    with pytest.raises(fetchq.InvalidArgument, match="^search_all needs at least one query$"):
+        q.search_all([])
 
 
 def test_search_all_cancel_cancels_children(net_engine: fetchq.Engine, server: Server) -> None:

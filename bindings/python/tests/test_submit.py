@@ -56,6 +56,77 @@ def test_exception_becomes_operation_error(engine: fetchq.Engine) -> None:
     assert not f.cancelled()
 
 
+class BrokenStr(Exception):
+    """An exception whose str() raises (an attribute its __str__ reads was never set)."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+    def __str__(self) -> str:
+        return "API error %d: %s" % (self.code, self.reason)  # type: ignore[attr-defined]
+
+
+def test_an_exception_whose_str_raises_still_fails_the_operation(engine: fetchq.Engine) -> None:
+    # Used to crash the interpreter (the block) or leave the future pending
+    # with its slot held (the async start): the str() raised inside the
+    # binding's own handler.
+    q = engine.queue("broken-str", max_concurrent=1)
+
+    def body() -> None:
+        raise BrokenStr(503)
+
+    def start(op: fetchq.AsyncOp) -> None:
+        raise BrokenStr(504)
+
+    for f, code in ((q.submit(body), 503), (q.submit_async(start), 504)):
+        with pytest.raises(fetchq.OperationError) as info:
+            f.result(timeout=TIMEOUT)
+        assert info.value.message == "BrokenStr (str() of it raised AttributeError)"
+        assert isinstance(info.value.__cause__, BrokenStr) and info.value.__cause__.code == code
+    # The slot was given back: the queue (max 1) runs the next one.
+    assert q.submit(lambda: 7).result(timeout=TIMEOUT) == 7
+    assert engine._core.violations == []
+
+
+def test_a_value_python_cannot_hold_fails_the_future() -> None:
+    # The body's value is made into Python objects when its completion is
+    # dispatched; with less room for recursion there than the document
+    # needs, that raises. The future must raise it rather than never resolve
+    # (the binding used to log it and drop the future).
+    import asyncio
+    import select
+    import sys
+
+    depth = 400
+
+    def nested() -> Any:
+        v: Any = []
+        for _ in range(depth):
+            v = [v]
+        return v
+
+    loop = asyncio.new_event_loop()
+    try:
+        e = fetchq.AsyncEngine(loop=loop)           # the loop never runs: dispatch() by hand
+        f = e.queue("deep").submit(nested)
+        readable, _, _ = select.select([e.event_fd], [], [], TIMEOUT)
+        assert readable, "the completion never arrived"
+        limit = sys.getrecursionlimit()
+        sys.setrecursionlimit(depth // 2)
+        try:
+            assert e.dispatch() == 1
+        finally:
+            sys.setrecursionlimit(limit)
+        assert f.done() and e.pending_count == 0
+        with pytest.raises(RecursionError):
+            f.result()
+        assert e._core.violations == []
+        e.close()
+    finally:
+        loop.close()
+
+
 def test_unserializable_return_value_is_operation_error(engine: fetchq.Engine) -> None:
     q = engine.queue("ser")
     with pytest.raises(fetchq.OperationError, match="not JSON-serializable"):
