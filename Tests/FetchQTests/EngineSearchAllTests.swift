@@ -75,6 +75,37 @@ import Testing
         }
     }
 
+    /// A child that ends before it starts passes the parent no result: the
+    /// report used to call it "cancelled" (-7) and fail_fast FQ_ERR_OPERATION
+    /// with an empty reason, whatever ended it.
+    @Test func childrenThatWaitedTooLongAreReportedAsSuch() throws {
+        try withEngine(config, queue: 1) { engine, queue, c in
+            for failFast in [false, true] {
+                queue.setSuspended(true)
+                let id = try submitAll(engine, ["swift", "c"],
+                                       options: #"{"max_wait_ms": 20, "fail_fast": \#(failFast)}"#, on: queue, c)
+                usleep(200_000)  // both children's 20 ms run out while the queue is suspended
+                queue.setSuspended(false)
+                let r = try #require(c.wait(id))
+                let waited = "waited in its queue longer than its max_wait_ms"
+                if failFast {
+                    #expect(r.outcome == .failed)
+                    #expect(r.status == .queueTimeout)
+                    #expect(r.message?.contains("query \"swift\" failed: operation") == true, "\(r.message ?? "")")
+                    #expect(r.message?.contains(waited) == true, "\(r.message ?? "")")
+                } else {
+                    #expect(r.outcome == .succeeded)
+                    #expect(r.value?.at("/count")?.integerValue == 0)
+                    for query in ["swift", "c"] {
+                        #expect(r.value?.at("/queries/\(query)/status")?.integerValue == Int64(FQStatus.queueTimeout.rawValue))
+                        #expect(r.value?.at("/queries/\(query)/error")?.stringValue?.contains(waited) == true)
+                    }
+                }
+            }
+            #expect(c.duplicates.isEmpty)
+        }
+    }
+
     @Test func cancellingTheParentCancelsEveryChildWithOneCallback() throws {
         try withEngine(config, queue: 1) { engine, queue, c in
             queue.setSuspended(true)

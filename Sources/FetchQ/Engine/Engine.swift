@@ -612,6 +612,7 @@ public final class Engine: @unchecked Sendable {
             family.parentEnded = true
             if result.outcome == .cancelled { cancels = family.children }
         } else {
+            family.endings[op.id] = (result.status, result.message)
             if family.childEvents && !family.parentEnded, let handler = eventHandler {
                 let event = OperationEvent(id: family.parent, kind: .child, child: result, query: family.queries[op.id])
                 pendingPosts.append(.event(event, handler))

@@ -4,7 +4,8 @@ import CJansson
 ///
 /// `@unchecked Sendable`: `parent`, `children`, `queries` are written under
 /// the engine's lock before any member starts and only read afterwards;
-/// `parentEnded` and `failedFast` are read and written under the engine's lock.
+/// `parentEnded`, `failedFast` and `endings` are written under the engine's
+/// lock (`endings` before the parent can start, which reads it).
 final class SearchAllFamily: @unchecked Sendable {
     let template: SearchTemplate
     let failFast: Bool
@@ -15,6 +16,10 @@ final class SearchAllFamily: @unchecked Sendable {
     var queries: [OpID: String] = [:]
     var parentEnded = false
     var failedFast = false
+    /// How each child ended (`Engine.familyEnded`): a child that ended before
+    /// it started (waited too long, cancelled, a failed dependency) passes no
+    /// result to the parent, only its outcome.
+    var endings: [OpID: (status: FQStatus, message: String?)] = [:]
 
     init(template: SearchTemplate, failFast: Bool, childEvents: Bool) {
         self.template = template
@@ -30,7 +35,7 @@ final class SearchAllFamily: @unchecked Sendable {
         let byID = Dictionary(op.dependencies.map { ($0.id, $0) }, uniquingKeysWith: { a, _ in a })
         var arrays: [JSONRef] = []
         let report = JSONRef.object()
-        var firstFailure: (String, OperationResult?)? = nil
+        var firstFailure: (String, OpID, OperationResult?)? = nil
         for child in children {
             let query = queries[child] ?? ""
             let dep = byID[child]
@@ -42,16 +47,19 @@ final class SearchAllFamily: @unchecked Sendable {
                 report.set(query, entry)
                 continue
             }
+            let ending = endings[child]
             let entry = JSONRef.object()
-            entry.set("error", JSONRef.string(result?.message ?? "query \"\(query)\" was cancelled before it started"))
-            entry.set("status", JSONRef.integer(Int64(result?.status.rawValue ?? FQStatus.cancelled.rawValue)))
+            entry.set("error", JSONRef.string(result?.message ?? ending?.message
+                                                  ?? "query \"\(query)\" was cancelled before it started"))
+            entry.set("status", JSONRef.integer(Int64((result?.status ?? ending?.status ?? .cancelled).rawValue)))
             if let http = result?.http?.status, http > 0 { entry.set("http_status", JSONRef.integer(Int64(http))) }
             report.set(query, entry)
-            if firstFailure == nil && dep?.outcome == .failed { firstFailure = (query, result) }
+            if firstFailure == nil && dep?.outcome == .failed { firstFailure = (query, child, result) }
         }
-        if failFast, let (query, result) = firstFailure {
-            op.errorStatus = result?.status ?? .operation
-            op.errorMessage = "search-all: query \"\(query)\" failed: \(result?.message ?? "")"
+        if failFast, let (query, child, result) = firstFailure {
+            let ending = endings[child]
+            op.errorStatus = result?.status ?? ending?.status ?? .operation
+            op.errorMessage = "search-all: query \"\(query)\" failed: \(result?.message ?? ending?.message ?? "no reason given")"
             return nil
         }
         do {
