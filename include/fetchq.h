@@ -662,7 +662,9 @@ int fq_cancel_all(fq_engine *engine);
 int fq_set_priority(fq_engine *engine, fq_op_id id, int priority);
 
 /* Makes `op` also wait for `dep` (like NSOperation's addDependency). `op`
- * must not have started (FQ_ERR_STATE); FQ_ERR_CYCLE if `dep` already waits,
+ * must not have started (FQ_ERR_STATE), nor share another operation's
+ * transfer (a coalesced GET that is not the first caller: FQ_ERR_STATE, the
+ * message says so); FQ_ERR_CYCLE if `dep` already waits,
  * directly or not, for `op` (or dep == op); FQ_ERR_NOT_FOUND for an unknown
  * id. A `dep` that already finished is treated as in "depends_on". */
 int fq_add_dependency(fq_engine *engine, fq_op_id op, fq_op_id dep);

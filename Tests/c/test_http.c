@@ -1561,6 +1561,50 @@ TEST(http_transfer_threads_end_small_responses) {
  * first got a dependency): a transfer is never sent again. */
 enum { CHURN_ROUNDS = 36, CHURN_OPS = 6 };
 
+/* A shared transfer's callers are counted once each in the stats, also when
+ * the first caller leaves it before it started (a dependency, a cancel) and
+ * an internal carrier takes it over; a caller sharing another's transfer
+ * cannot be given a dependency and is told why. Nothing is sent: the queue
+ * is suspended (port 9 is never reached). */
+TEST(http_stats_count_a_shared_transfers_callers_once) {
+    fq_engine *e = fqt_engine(NULL);
+    fq_queue *q = fqt_queue(e, "q", 4), *held = fqt_queue(e, "held", 1);
+    CHECK_OK(fq_queue_set_suspended(q, true));
+    CHECK_OK(fq_queue_set_suspended(held, true));
+    rec r[6];
+    memset(r, 0, sizeof r);
+    json_t *req = json_pack("{s:s}", "url", "http://127.0.0.1:9/x");
+    fq_op_id first = fq_submit_request(q, req, NULL, rec_done, &r[0]);
+    fq_op_id second = fq_submit_request(q, req, NULL, rec_done, &r[1]);
+    fq_op_id dep = fqt_block(held, body_noop, NULL, rec_done, &r[2]);
+    REQUIRE(first > 0 && second > 0 && dep > 0);
+    CHECK_EQ_INT(fqt_stat(e, "queued", -1), 3);
+    CHECK_EQ_INT(fq_add_dependency(e, second, dep), FQ_ERR_STATE);
+    CHECK_CONTAINS(fq_last_error(), "shares another operation's transfer");
+    CHECK_OK(fq_add_dependency(e, first, dep));  /* leaves the transfer to `second` */
+    CHECK_EQ_INT(fqt_stat(e, "submitted", -1), 3);
+    CHECK_EQ_INT(fqt_stat(e, "queued", -1), 3);
+    CHECK_EQ_INT(fqt_stat(e, "undelivered", -1), 0);
+    CHECK_EQ_INT(fqt_qstat(e, "q", "queued", -1), 2);
+    /* Three more sharing another URL; the first is cancelled while queued. */
+    json_t *req2 = json_pack("{s:s}", "url", "http://127.0.0.1:9/y");
+    fq_op_id more[3];
+    for (int i = 0; i < 3; i++) more[i] = fq_submit_request(q, req2, NULL, rec_done, &r[3 + i]);
+    REQUIRE(more[0] > 0 && more[1] > 0 && more[2] > 0);
+    CHECK_OK(fq_cancel(e, more[0]));
+    CHECK(WAIT_UNTIL(atomic_load(&r[3].calls) == 1, FQT_LONG_MS));
+    CHECK_EQ_INT(r[3].outcome, FQ_CANCELLED);
+    CHECK_EQ_INT(fqt_stat(e, "cancelled", -1), 1);
+    CHECK_EQ_INT(fqt_stat(e, "queued", -1), 5);
+    CHECK_EQ_INT(fqt_stat(e, "undelivered", -1), 0);
+    CHECK_EQ_INT(fqt_qstat(e, "q", "queued", -1), 4);
+    json_decref(req);
+    json_decref(req2);
+    fqt_engine_free(e);  /* ends the others, cancelled */
+    for (int i = 0; i < 6; i++) CHECK_EQ_INT(atomic_load(&r[i].calls), 1);
+    for (int i = 0; i < 6; i++) rec_clear(&r[i]);
+}
+
 TEST(http_coalesced_gets_exactly_once_under_cancels) {
     fqt_server s;
     fqt_server_start(&s, NULL);

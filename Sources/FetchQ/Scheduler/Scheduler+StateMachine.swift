@@ -660,8 +660,12 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
             queues[q].counters.submitted += 1
             counters.submitted += 1
         }
-        queues[q].counters.queued += 1
-        counters.queued += 1
+        if !isInternal {
+            // An internal carrier is not counted as queued: the callers it
+            // carries are (attached), as with a caller leading the transfer.
+            queues[q].counters.queued += 1
+            counters.queued += 1
+        }
         if let group {
             let l = linksIndex(s)
             linkTable[l].group = group
@@ -697,6 +701,9 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         }
         let state = slots[s].state
         guard state == .waiting || state == .ready else {
+            if state == .attached {
+                return .failure(FetchQError(.state, "operation \(id) shares another operation's transfer (option \"coalesce\"): it cannot be given a dependency; submit it with \"depends_on\", or with \"coalesce\": false"))
+            }
             return .failure(FetchQError(.state, "operation \(id) has already started"))
         }
         if dep == id {
@@ -895,8 +902,10 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         guard state != .running, state != .attached, state != .finished else { return false }
         let q = slots[s].queue
         if state == .ready { queues[q].readyCount -= 1 }
-        queues[q].counters.queued -= 1
-        counters.queued -= 1
+        if !slots[s].isInternal {
+            queues[q].counters.queued -= 1
+            counters.queued -= 1
+        }
         // No longer live from here on: `retire` books it (a cascade must
         // not end it twice through a second failed dependency).
         slots[s].state = .finished
@@ -1233,9 +1242,11 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
             if slots[s].links >= 0 { swap(&payloads, &linkTable[Int(slots[s].links)].dependencyPayloads) }
             let q = chosen.queue
             queues[q].readyCount -= 1
-            queues[q].counters.queued -= 1
+            if !slots[s].isInternal {
+                queues[q].counters.queued -= 1
+                counters.queued -= 1
+            }
             queues[q].counters.running += 1
-            counters.queued -= 1
             counters.running += 1
             let host = Int(slots[s].host)
             if host != 0 {
@@ -1279,9 +1290,11 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         slots[s].state = .backoff
         let q = slots[s].queue
         queues[q].counters.running -= 1
-        queues[q].counters.queued += 1
         counters.running -= 1
-        counters.queued += 1
+        if !slots[s].isInternal {
+            queues[q].counters.queued += 1
+            counters.queued += 1
+        }
         hosts[Int(slots[s].host)].running -= 1
         retries.insert(id, key: until)
         var actions: [Action] = []
