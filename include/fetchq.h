@@ -246,7 +246,9 @@ typedef void (*fq_async_fn)(fq_op *op, void *userdata);
  *                   wait in their queue without holding back other hosts. HOST
  *                   is "host:port" (as in the URL, default ports omitted),
  *                   "host" (any port) or "*" (every host without its own
- *                   entry); burst defaults to max(1, r)
+ *                   entry), compared without case: anything else, or two
+ *                   keys naming one host, is FQ_ERR_INVALID; burst defaults
+ *                   to max(1, r)
  *   "cache"         the HTTP cache shared by the engine's GET requests and
  *                   searches: {"max_bytes": N (default 67108864; 0 = no
  *                   cache), "path": FILE (optional: persist entries in this

@@ -1163,6 +1163,23 @@ TEST(misuse_non_object_json) {
     expect_bad_config("{\"search\": [\"http://x/?q={query}\"]}", "search");
     expect_bad_config("{\"rate_limits\": [1]}", "rate_limits");
     expect_bad_config("{\"rate_limits\": {\"*\": 5}}", "*");
+    /* keys that could never match a host, and two spellings of one host (the
+     * second used to replace the first without a word) */
+    expect_bad_config("{\"rate_limits\": {\"http://a.com/\": {\"per_second\": 1}}}", "\"http://a.com/\" is not");
+    expect_bad_config("{\"rate_limits\": {\"\": {\"per_second\": 1}}}", "\"\" is not");
+    expect_bad_config("{\"rate_limits\": {\"a.com:99999\": {\"per_second\": 1}}}", "\"a.com:99999\" is not");
+    expect_bad_config("{\"rate_limits\": {\"u@a.com\": {\"per_second\": 1}}}", "\"u@a.com\" is not");
+    expect_bad_config("{\"rate_limits\": {\"localhost:8080\": {\"per_second\": 1}, "
+                      "\"LocalHost:8080\": {\"per_second\": 1000}}}", "names the same host");
+    {
+        char err[256] = "";
+        json_t *good = fqt_json("{\"rate_limits\": {\"*\": {\"per_second\": 5}, \"a.com\": {\"per_second\": 1}, "
+                                "\"[::1]:8080\": {\"per_second\": 2}, \"127.0.0.1:9\": {\"per_second\": 3}}}");
+        fq_engine *ok = fq_engine_new(good, err, sizeof err);
+        if (!ok) FAILF("valid rate_limits refused: %s", err);
+        else fq_engine_free(ok);
+        json_decref(good);
+    }
     expect_bad_config("{\"cache\": \"big\"}", "cache");
     CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));
     check_never_called(&r, "non-object JSON");

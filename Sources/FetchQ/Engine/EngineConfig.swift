@@ -54,7 +54,14 @@ public struct EngineConfig: Sendable {
                 }
                 let burst = try limit.number("burst", in: 1...1_000_000) ?? max(1, perSecond)
                 try limit.finish()
-                rateLimits[host.lowercased()] = (perSecond, burst)
+                let key = host.lowercased()
+                guard key == "*" || Self.isHostKey(host) else {
+                    throw FetchQError(.invalid, "config.rate_limits: \"\(host)\" is not \"host\", \"host:port\" or \"*\"")
+                }
+                if rateLimits[key] != nil {
+                    throw FetchQError(.invalid, "config.rate_limits: \"\(host)\" names the same host as another key (host names are compared without case)")
+                }
+                rateLimits[key] = (perSecond, burst)
                 iter = json_object_iter_next(limits, it)
             }
         }
@@ -68,6 +75,15 @@ public struct EngineConfig: Sendable {
             try s.finish()
         }
         try r.finish()
+    }
+}
+
+extension EngineConfig {
+    /// A "rate_limits" key naming a host as URLs do: "host" or "host:port"
+    /// (an IPv6 literal in brackets), nothing else of a URL.
+    static func isHostKey(_ key: String) -> Bool {
+        guard !key.isEmpty, !key.contains(where: { "/?#@".contains($0) }) else { return false }
+        return URLUtilities.hostOf(url: "http://" + key + "/") != nil
     }
 }
 
