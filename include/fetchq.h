@@ -544,8 +544,11 @@ fq_op_id fq_submit_search(fq_queue *queue, const char *query, const json_t *opti
  *    "queries": {"<q>": {"count": n} | {"error": "...", "status": fq_status
  *                                        [, "http_status": n]}}}
  * where items are merged in query order, de-duplicated by the "id" pointer
- * (the first occurrence wins; items without an id are kept) and sorted by
- * the "sort" pointer. The returned id is the parent's: cancelling it (or its
+ * (the first occurrence wins: an earlier query's item over a later query's,
+ * and among one query's items, which are each sorted as by fq_submit_search,
+ * the one sorted first — so with "order" reversed another of two items
+ * sharing an id in one response may win; items without an id are kept) and
+ * sorted by the "sort" pointer. The returned id is the parent's: cancelling it (or its
  * group) cancels the children; `done` is called once, for the parent only.
  * Options: those of fq_submit_search (applied to every child; "priority",
  * "qos", "group", "depends_on", "max_wait_ms" too) plus
