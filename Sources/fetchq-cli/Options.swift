@@ -47,7 +47,11 @@ struct CommonOptions: ParsableArguments {
         if let priority {
             options.set("priority", Int64(priority).map { .integer($0) } ?? .string(priority))
         }
-        if let timeout { options.set("timeout_ms", .integer(Int64((timeout * 1000).rounded()))) }
+        if let timeout {
+            // A limit under half a millisecond is 1 ms, not 0 (which means none).
+            let ms = timeout == 0 ? 0 : max(1, Int64((timeout * 1000).rounded()))
+            options.set("timeout_ms", .integer(ms))
+        }
         if let retry {
             let policy = JSONRef.object()
             policy.set("max", .integer(Int64(retry)))

@@ -282,6 +282,15 @@ def test_timeout_option(cli, server):
     assert time.monotonic() - start < 4  # the limit applied; not the 5 s delay
 
 
+def test_a_timeout_under_half_a_millisecond_is_still_a_limit(cli, server):
+    # It used to round to 0 ms, which means no limit: the 5 s delay was waited out.
+    start = time.monotonic()
+    r = run(cli, "get", "--timeout", "0.0004", server + "/delay?ms=5000", timeout=30)
+    assert r.returncode == 1
+    assert "timed out" in r.stderr.decode().lower(), r.stderr
+    assert time.monotonic() - start < 4
+
+
 def test_retry_option(cli, server):
     r = run(cli, "get", "--retry", "2", server + "/flaky?key=cli-retry-1&fail=2")
     assert r.returncode == 0, r.stderr
