@@ -10,7 +10,7 @@ struct UserData: @unchecked Sendable {
 
 /// Records `error` as the thread's last error and returns its status.
 func fail(_ error: FetchQError) -> Int32 {
-    fqs_set_last_error(error.message)
+    fqs_set_last_error(FetchQError.cText(error.message))
     return error.status.rawValue
 }
 
@@ -53,7 +53,7 @@ let nullHandle = FetchQError(.invalid, "NULL handle")
 /// message stays available from fq_last_error()).
 func copyMessage(_ message: String, into errbuf: UnsafeMutablePointer<CChar>?, _ errlen: Int) {
     guard let errbuf, errlen > 0 else { return }
-    let bytes = Array(message.utf8.prefix(errlen - 1))
+    let bytes = Array(FetchQError.cText(message).utf8.prefix(errlen - 1))
     for (i, b) in bytes.enumerated() { errbuf[i] = CChar(bitPattern: b) }
     errbuf[bytes.count] = 0
 }

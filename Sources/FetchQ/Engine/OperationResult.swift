@@ -120,7 +120,7 @@ public final class OperationResult: @unchecked Sendable {
     public var messageCString: UnsafeMutablePointer<CChar>? {
         let current = cMessage.load(ordering: .acquiring)
         if current != 0 { return UnsafeMutablePointer(bitPattern: current) }
-        guard let message, let copy = strdup(message) else { return nil }
+        guard let message, let copy = strdup(FetchQError.cText(message)) else { return nil }
         let bits = UInt(bitPattern: copy)
         let (won, installed) = cMessage.compareExchange(expected: 0, desired: bits, ordering: .acquiringAndReleasing)
         if won { return copy }

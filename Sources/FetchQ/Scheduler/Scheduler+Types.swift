@@ -72,6 +72,14 @@ public struct FetchQError: Error, Sendable, CustomStringConvertible {
         self.message = message
     }
     public var description: String { message }
+
+    /// `text` for a C string: a NUL in it (from a caller's string the message
+    /// quotes) would end it there, so each is written as the two characters
+    /// `\0`.
+    public static func cText(_ text: String) -> String {
+        guard text.utf8.contains(0) else { return text }
+        return text.split(separator: "\u{0}", omittingEmptySubsequences: false).joined(separator: "\\0")
+    }
 }
 
 /// Priority levels, as in NSOperation.QueuePriority.

@@ -214,6 +214,14 @@ def test_invalid_requests_fail_at_submit(net_engine: fetchq.Engine) -> None:
         q.request("NOT A TOKEN", "http://127.0.0.1/")
     with pytest.raises(fetchq.InvalidArgument, match="parse"):
         q.get("http://127.0.0.1/", parse="yaml")
+    # A NUL in what the message quotes is written \0: the message used to end there.
+    with pytest.raises(fetchq.InvalidArgument) as info:
+        q.get("http://127.0.0.1/echo\0x")
+    assert info.value.message == ('url "http://127.0.0.1/echo\\0x": contains a space or a control '
+                                  'character (percent-encode it)')
+    with pytest.raises(fetchq.InvalidArgument) as info:
+        q.request("GE\0T", "http://127.0.0.1/")
+    assert 'GE\\0T' in info.value.message and len(info.value.message) > 20, info.value.message
     assert net_engine.pending_count == 0
 
 
