@@ -154,7 +154,9 @@ typedef enum fq_outcome {
  * thread (config "delivery": "thread", the default; callbacks are serialized),
  * in "inline" mode on the delivery thread, a worker or a transfer thread
  * (still serialized and in completion order), or, in poll mode, on the thread calling fq_engine_dispatch(),
- * fq_queue_wait() or fq_engine_wait_idle(). It may call any fq_ function
+ * fq_queue_wait() or fq_engine_wait_idle() (serialized and in completion
+ * order too when several threads do: a dispatch waits for another thread's
+ * callbacks; a wait leaves them to it meanwhile). It may call any fq_ function
  * except fq_engine_free() (which then returns FQ_ERR_STATE). */
 typedef void (*fq_completion_fn)(const fq_result *result, void *userdata);
 

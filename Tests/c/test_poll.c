@@ -178,3 +178,56 @@ TEST(poll_mode_callbacks_on_the_dispatching_thread) {
     rec_clear_all(r, N);
     fqt_engine_free(e);
 }
+
+/* Several threads dispatching one engine (fq_engine_dispatch, and a wait
+ * that dispatches): its callbacks still run one at a time, in completion
+ * order. They used to overlap (399 of 400 in the report). */
+enum { SERIAL_OPS = 400, SERIAL_THREADS = 3 };
+
+typedef struct serial_state {
+    fq_engine *e;
+    atomic_int inside, overlaps, calls, next_seq, out_of_order;
+    atomic_bool stop;
+} serial_state;
+
+static serial_state serial;
+
+static void serial_done(const fq_result *r, void *ud) {
+    (void)ud;
+    if (atomic_fetch_add(&serial.inside, 1) != 0) atomic_fetch_add(&serial.overlaps, 1);
+    /* ids are handed out in submit order, and one worker runs the queue
+     * (max_concurrent 1): completion order is id order */
+    int expected = atomic_fetch_add(&serial.next_seq, 1);
+    if (fq_result_op_id(r) != (fq_op_id)(expected + 1)) atomic_fetch_add(&serial.out_of_order, 1);
+    fqt_sleep_ms(0);  /* a yield: lets another dispatching thread try */
+    for (volatile int spin = 0; spin < 2000; spin++) {}
+    atomic_fetch_sub(&serial.inside, 1);
+    atomic_fetch_add(&serial.calls, 1);
+}
+
+static void *serial_dispatcher(void *arg) {
+    (void)arg;
+    long long until = fqt_now_ms() + h_scaled_ms(FQT_LONG_MS);
+    while (!atomic_load(&serial.stop) && fqt_now_ms() < until) {
+        if (fq_engine_dispatch(serial.e, 1) < 0) break;
+    }
+    return NULL;
+}
+
+TEST(poll_mode_dispatching_threads_run_callbacks_one_at_a_time) {
+    memset(&serial, 0, sizeof serial);
+    serial.e = fqt_engine("{\"delivery\": \"poll\"}");
+    fq_queue *q = fqt_queue(serial.e, "q", 1);
+    CHECK_OK(fq_queue_set_suspended(q, true));
+    for (int i = 0; i < SERIAL_OPS; i++) REQUIRE(fqt_block(q, body_noop, NULL, serial_done, NULL) == i + 1);
+    pthread_t t[SERIAL_THREADS];
+    for (int i = 0; i < SERIAL_THREADS; i++) REQUIRE(pthread_create(&t[i], NULL, serial_dispatcher, NULL) == 0);
+    CHECK_OK(fq_queue_set_suspended(q, false));
+    CHECK_OK(fq_engine_wait_idle(serial.e, FQT_LONG_MS));  /* dispatches too */
+    atomic_store(&serial.stop, true);
+    for (int i = 0; i < SERIAL_THREADS; i++) pthread_join(t[i], NULL);
+    CHECK_EQ_INT(atomic_load(&serial.calls), SERIAL_OPS);
+    CHECK_EQ_INT(atomic_load(&serial.overlaps), 0);
+    CHECK_EQ_INT(atomic_load(&serial.out_of_order), 0);
+    fqt_engine_free(serial.e);
+}

@@ -41,6 +41,9 @@ final class Delivery: @unchecked Sendable {
     /// Poll mode's eventfd; -1 in thread mode.
     let eventFD: Int32
     private let lock = ConditionLock()
+    /// Poll mode: held by the thread running callbacks, so that they run one
+    /// at a time and in completion order whichever threads dispatch.
+    private let dispatching = ConditionLock()
     private var items = Ring<Item>()
     /// The delivery thread naps (see `run`); posters leave it be meanwhile.
     private var napping = false
@@ -228,7 +231,17 @@ final class Delivery: @unchecked Sendable {
 
     /// Poll mode: runs up to `max` waiting callbacks (all if max <= 0) on the
     /// calling thread; returns how many ran.
-    func dispatch(max: Int) -> Int {
+    /// Runs up to `max` (0: all) waiting callbacks on this thread, after
+    /// any another thread is running (`waitForOthers`), or returns nil at once
+    /// when another thread runs callbacks (it then runs these too, or its
+    /// caller dispatches again).
+    func dispatch(max: Int, waitForOthers: Bool = true) -> Int? {
+        if waitForOthers {
+            dispatching.lock()
+        } else if !dispatching.tryLock() {
+            return nil
+        }
+        defer { dispatching.unlock() }
         let previous = fqs_current_engine()
         fqs_set_current_engine(UnsafeRawPointer(bitPattern: owner))
         defer { fqs_set_current_engine(previous) }

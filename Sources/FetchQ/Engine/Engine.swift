@@ -854,12 +854,19 @@ public final class Engine: @unchecked Sendable {
         let until = deadline(afterMs: timeoutMs)
         if delivery.mode == .poll {
             while true {
-                _ = delivery.dispatch(max: 0)
+                // Not behind another thread's callbacks, which could outlast
+                // the timeout: it runs what waits, this thread looks again.
+                let ran = delivery.dispatch(max: 0, waitForOthers: false)
                 bookInbox()
                 if outstanding.count(queue) == 0 { return .ok }
                 let now = monotonicNanos()
                 if let until, now >= until { return .timeout }
                 let sliceMs = until.map { Int(min(($0 - now) / 1_000_000 + 1, 100)) } ?? 100
+                if ran == nil {
+                    // The event fd stays readable while the other thread runs them.
+                    usleep(UInt32(min(sliceMs, 1)) * 1000)
+                    continue
+                }
                 var fd = pollfd(fd: delivery.eventFD, events: Int16(POLLIN), revents: 0)
                 _ = poll(&fd, 1, Int32(sliceMs))
             }
@@ -897,7 +904,7 @@ public final class Engine: @unchecked Sendable {
         guard !onOwnThread else {
             throw FetchQError(.state, "fq_engine_dispatch cannot be called from a callback or an operation body")
         }
-        return delivery.dispatch(max: max)
+        return delivery.dispatch(max: max)!  // waits for another dispatching thread: never nil
     }
 
 

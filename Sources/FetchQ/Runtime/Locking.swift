@@ -30,6 +30,8 @@ final class ConditionLock: @unchecked Sendable {
 
     func lock() { pthread_mutex_lock(mutex) }
     func unlock() { pthread_mutex_unlock(mutex) }
+    /// Takes the lock if nobody holds it.
+    func tryLock() -> Bool { pthread_mutex_trylock(mutex) == 0 }
 
     @inline(__always)
     func withLock<T>(_ body: () throws -> T) rethrows -> T {
