@@ -230,11 +230,10 @@ final class Delivery: @unchecked Sendable {
     }
 
     /// Poll mode: runs up to `max` waiting callbacks (all if max <= 0) on the
-    /// calling thread; returns how many ran.
-    /// Runs up to `max` (0: all) waiting callbacks on this thread, after
-    /// any another thread is running (`waitForOthers`), or returns nil at once
-    /// when another thread runs callbacks (it then runs these too, or its
-    /// caller dispatches again).
+    /// calling thread and returns how many ran. When another thread is
+    /// running callbacks: with `waitForOthers`, after it; without, returns
+    /// nil at once (that thread runs these too, or the caller dispatches
+    /// again).
     func dispatch(max: Int, waitForOthers: Bool = true) -> Int? {
         if waitForOthers {
             dispatching.lock()
