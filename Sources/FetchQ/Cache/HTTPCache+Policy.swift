@@ -23,17 +23,23 @@ extension HTTPCache {
     }
 
     /// A cache key naming a request: the method, the URL, and every request header
-    /// (names lowercased, sorted by name, the order of repeated names kept).
+    /// (names lowercased, sorted by name, the order of repeated names kept) but
+    /// `Cache-Control` and `Pragma`.
     ///
     /// The cache does not implement `Vary` selection; it relies on the key instead: two
     /// requests with the same key must be answerable by the same stored response. Putting
-    /// every request header in the key makes that hold for any `Vary` list.
+    /// every request header in the key makes that hold for any `Vary` list. `Cache-Control`
+    /// and `Pragma` are directives to the cache, not part of what is asked for: a
+    /// `no-cache` request refreshes the entry plain requests use, not one of its own.
     public static func key(method: String, url: String, headers: [(name: String, value: String)])
         -> String
     {
-        let lines = headers.enumerated()
-            .map { (name: lowercased($0.element.name), value: $0.element.value, order: $0.offset) }
-            .sorted { $0.name != $1.name ? $0.name < $1.name : $0.order < $1.order }
+        var lines: [(name: String, value: String, order: Int)] = []
+        for (order, header) in headers.enumerated() {
+            let name = lowercased(header.name)
+            if name != "cache-control" && name != "pragma" { lines.append((name, header.value, order)) }
+        }
+        lines.sort { $0.name != $1.name ? $0.name < $1.name : $0.order < $1.order }
         var key = method + " " + url
         for line in lines { key += "\n" + line.name + ": " + line.value }
         return key

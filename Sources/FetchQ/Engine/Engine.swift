@@ -864,7 +864,7 @@ public final class Engine: @unchecked Sendable {
                 let sliceMs = until.map { Int(min(($0 - now) / 1_000_000 + 1, 100)) } ?? 100
                 if ran == nil {
                     // The event fd stays readable while the other thread runs them.
-                    usleep(UInt32(min(sliceMs, 1)) * 1000)
+                    usleep(1000)
                     continue
                 }
                 var fd = pollfd(fd: delivery.eventFD, events: Int16(POLLIN), revents: 0)

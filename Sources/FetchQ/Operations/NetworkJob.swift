@@ -40,25 +40,16 @@ public struct NetworkJob: Sendable {
         case staleWhileRevalidate = "stale-while-revalidate"
     }
 
-    /// The HTTP cache key, or nil when the cache does not apply.
-    ///
-    /// - `Cache-Control` and `Pragma` request headers are directives to the
-    ///   cache, not part of what is asked for: a `no-cache` request refreshes
-    ///   the entry plain requests use, rather than one of its own.
-    /// - How the response may be obtained is part of the key when it differs
-    ///   from the default: a response fetched without TLS verification, or
-    ///   trusted through another CA file, never answers a request that
-    ///   verifies with the defaults, and a redirect kept with
-    ///   "follow_redirects": false never answers one that follows. (Lines
-    ///   starting with ":" cannot be header lines: ":" is not allowed in a
-    ///   header name.)
+    /// The HTTP cache key (`HTTPCache.key`), or nil when the cache does not
+    /// apply. How the response may be obtained is part of it when it differs
+    /// from the default: a response fetched without TLS verification, or
+    /// trusted through another CA file, never answers a request that
+    /// verifies with the defaults, and a redirect kept with redirects not
+    /// followed never answers one that follows. (Lines starting with ":"
+    /// cannot be header lines: ":" is not allowed in a header name.)
     var cacheKey: String? {
         guard request.method == "GET", request.body == nil else { return nil }
-        let headers = request.headers.filter {
-            !TransportText.equalsIgnoringASCIICase($0.name, "cache-control")
-                && !TransportText.equalsIgnoringASCIICase($0.name, "pragma")
-        }
-        var key = HTTPCache.key(method: "GET", url: request.url, headers: headers)
+        var key = HTTPCache.key(method: "GET", url: request.url, headers: request.headers)
         if !request.verifyTLS { key += "\n:verify-tls: false" }
         if let ca = request.caFile { key += "\n:ca-file: " + ca }
         if !request.followRedirects { key += "\n:follow-redirects: false" }

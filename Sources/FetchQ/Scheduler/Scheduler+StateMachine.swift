@@ -399,6 +399,15 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         slots[s].links < 0 ? [] : linkTable[Int(slots[s].links)].dependencies
     }
 
+    /// Counts an operation into or out of "queued", its queue's and the
+    /// engine's. An internal carrier is not counted: the callers it carries
+    /// are (attached), as with a caller leading the transfer.
+    private mutating func countQueued(_ q: QueueID, _ delta: Int, isInternal: Bool) {
+        guard !isInternal else { return }
+        queues[q].counters.queued += delta
+        counters.queued += delta
+    }
+
     private mutating func hostNumber(_ name: String) -> Int32 {
         if let h = hostIndex[name] { return h }
         hosts.append(Host(name: name))
@@ -660,12 +669,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
             queues[q].counters.submitted += 1
             counters.submitted += 1
         }
-        if !isInternal {
-            // An internal carrier is not counted as queued: the callers it
-            // carries are (attached), as with a caller leading the transfer.
-            queues[q].counters.queued += 1
-            counters.queued += 1
-        }
+        countQueued(q, 1, isInternal: isInternal)
         if let group {
             let l = linksIndex(s)
             linkTable[l].group = group
@@ -875,8 +879,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         let state = slots[s].state
         let q = slots[s].queue
         if state == .attached {
-            queues[q].counters.queued -= 1
-            counters.queued -= 1
+            countQueued(q, -1, isInternal: false)  // a caller, never internal
         } else {
             queues[q].counters.running -= 1
             counters.running -= 1
@@ -902,10 +905,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         guard state != .running, state != .attached, state != .finished else { return false }
         let q = slots[s].queue
         if state == .ready { queues[q].readyCount -= 1 }
-        if !slots[s].isInternal {
-            queues[q].counters.queued -= 1
-            counters.queued -= 1
-        }
+        countQueued(q, -1, isInternal: slots[s].isInternal)
         // No longer live from here on: `retire` books it (a cascade must
         // not end it twice through a second failed dependency).
         slots[s].state = .finished
@@ -1242,10 +1242,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
             if slots[s].links >= 0 { swap(&payloads, &linkTable[Int(slots[s].links)].dependencyPayloads) }
             let q = chosen.queue
             queues[q].readyCount -= 1
-            if !slots[s].isInternal {
-                queues[q].counters.queued -= 1
-                counters.queued -= 1
-            }
+            countQueued(q, -1, isInternal: slots[s].isInternal)
             queues[q].counters.running += 1
             counters.running += 1
             let host = Int(slots[s].host)
@@ -1291,10 +1288,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         let q = slots[s].queue
         queues[q].counters.running -= 1
         counters.running -= 1
-        if !slots[s].isInternal {
-            queues[q].counters.queued += 1
-            counters.queued += 1
-        }
+        countQueued(q, 1, isInternal: slots[s].isInternal)
         hosts[Int(slots[s].host)].running -= 1
         retries.insert(id, key: until)
         var actions: [Action] = []

@@ -110,14 +110,7 @@ final class CurlTransfer: @unchecked Sendable {
     /// UTF-8 bytes (runs three times per transfer; cutting a prefix of
     /// Characters cost ~2 k instructions each time).
     static func hasScheme(_ url: String, _ scheme: String) -> Bool {
-        let x = url.utf8, y = scheme.utf8
-        guard x.count >= y.count else { return false }
-        for (p, q) in zip(x, y) where p != q {
-            let lp = (p >= 65 && p <= 90) ? p + 32 : p
-            let lq = (q >= 65 && q <= 90) ? q + 32 : q
-            if lp != lq { return false }
-        }
-        return true
+        TransportText.hasPrefixIgnoringASCIICase(url, scheme)
     }
 
     /// RFC 9110 tchar.
@@ -465,7 +458,7 @@ final class CurlTransfer: @unchecked Sendable {
         if status == 303 {
             next.method = "GET"
             next.body = nil
-            next.headers.removeAll { Self.hasPrefixIgnoringASCIICase($0.name, "content-") }
+            next.headers.removeAll { TransportText.hasPrefixIgnoringASCIICase($0.name, "content-") }
         }
         if Self.origin(of: target) != Self.origin(of: request.url) {
             next.headers.removeAll {
@@ -488,10 +481,6 @@ final class CurlTransfer: @unchecked Sendable {
     private static func origin(of url: String) -> String? {
         guard let host = URLUtilities.hostOf(url: url) else { return nil }
         return (hasScheme(url, "https://") ? "https://" : "http://") + host
-    }
-
-    private static func hasPrefixIgnoringASCIICase(_ name: String, _ prefix: String) -> Bool {
-        hasScheme(name, prefix)  // the same comparison: a prefix, ASCII case ignored
     }
 
     private func getLong(_ easy: UnsafeMutableRawPointer, _ info: CURLINFO, _ use: (Int) -> Void) {

@@ -141,8 +141,14 @@ package protocol HTTPTransport: AnyObject, Sendable {
 
 enum TransportText {
     static func equalsIgnoringASCIICase(_ a: String, _ b: String) -> Bool {
-        let x = a.utf8, y = b.utf8
-        guard x.count == y.count else { return false }
+        a.utf8.count == b.utf8.count && hasPrefixIgnoringASCIICase(a, b)
+    }
+
+    /// Whether `text` starts with `prefix`, ASCII letters compared without
+    /// case, on the UTF-8 bytes.
+    static func hasPrefixIgnoringASCIICase(_ text: String, _ prefix: String) -> Bool {
+        let x = text.utf8, y = prefix.utf8
+        guard x.count >= y.count else { return false }
         for (p, q) in zip(x, y) where p != q {
             let lp = (p >= 65 && p <= 90) ? p + 32 : p
             let lq = (q >= 65 && q <= 90) ? q + 32 : q
