@@ -12,6 +12,10 @@
  *  - Functions returning `int` return FQ_OK (0) or a negative `fq_status`.
  *    When a call fails, a message describing why is available from
  *    fq_last_error() on the same thread.
+ *  - C strings (names, queries, URLs, groups, collections, ids, JSON
+ *    Pointers) must be UTF-8: one that is not is refused (FQ_ERR_INVALID),
+ *    never repaired. Only messages (fq_op_set_error, fq_op_finish) are taken
+ *    as they are, with U+FFFD for bytes that are not UTF-8.
  *  - JSON crosses the boundary as jansson `json_t`. Every `json_t *` says
  *    whether it is BORROWED (the library keeps ownership; it says how long the
  *    pointer stays valid — json_incref() it to keep it longer), NEW (the
@@ -41,7 +45,8 @@
  *    its range is an error (FQ_ERR_INVALID with a message); nothing is
  *    silently ignored. NULL means "no options". Ranges: max_wait_ms, aging_ms,
  *    timeout_ms 0..86400000; connect_timeout_ms 0..3600000; max_redirects
- *    0..100; max_response_bytes 1..2^40; max_json_depth 1..100000;
+ *    0..100; max_response_bytes 1..2^40; max_json_depth 1..2048 (jansson's
+ *    own limit, where a scalar inside 2048 containers is already too deep);
  *    progress_interval_ms 0..60000; retry max 0..100, base 0..3600 s,
  *    max_delay 0..86400 s; rate per_second 0.001..1e6, burst 1..1e6; cache
  *    max_bytes 0..2^40; workers 1..256; history 0..1000000; max_per_host
@@ -534,7 +539,8 @@ int64_t fq_submit_requests(fq_queue *queue, const json_t *request, const char *c
  * inserted)} upserts the extracted items by their "id" into the item store
  * (see fq_store_open), in one transaction per response, after parsing; the
  * value then also has "store": {"inserted", "updated", "unchanged",
- * "skipped" (items without an id)}. A store failure is FQ_ERR_STORE. */
+ * "skipped" (items without an id, or with a null one)}. A store failure,
+ * results that are not objects included, is FQ_ERR_STORE. */
 fq_op_id fq_submit_search(fq_queue *queue, const char *query, const json_t *options,
                           fq_completion_fn done, void *userdata);
 
@@ -549,7 +555,8 @@ fq_op_id fq_submit_search(fq_queue *queue, const char *query, const json_t *opti
  * (the first occurrence wins: an earlier query's item over a later query's,
  * and among one query's items, which are each sorted as by fq_submit_search,
  * the one sorted first — so with "order" reversed another of two items
- * sharing an id in one response may win; items without an id are kept) and
+ * sharing an id in one response may win; items without an id, or with a
+ * null one, are all kept) and
  * sorted by the "sort" pointer. The returned id is the parent's: cancelling it (or its
  * group) cancels the children; `done` is called once, for the parent only.
  * Options: those of fq_submit_search (applied to every child; "priority",

@@ -88,8 +88,12 @@ public func fq_cancel(_ handle: OpaquePointer?, _ id: fq_op_id) -> Int32 {
 
 @c @implementation
 public func fq_cancel_group(_ handle: OpaquePointer?, _ group: UnsafePointer<CChar>?) -> Int32 {
-    guard let e = engine(handle), let group = string(group) else { return fail(.invalid, "NULL engine or group") }
-    return Int32(clamping: e.cancelGroup(group))
+    guard let e = engine(handle), let group else { return fail(.invalid, "NULL engine or group") }
+    do {
+        return Int32(clamping: e.cancelGroup(try utf8(group, "the group")))
+    } catch {
+        return fail(error)
+    }
 }
 
 @c @implementation

@@ -9,16 +9,21 @@ func callback(_ done: fq_completion_fn?, _ userdata: UnsafeMutableRawPointer?) -
 }
 
 /// The n C strings of an array argument called `what`, copied; nil (the
-/// last error set, naming the NULL entry) when one is NULL.
+/// last error set, naming the entry) when one is NULL or not UTF-8.
 func strings(_ array: UnsafePointer<UnsafePointer<CChar>?>, _ n: Int, _ what: String) -> [String]? {
     var list: [String] = []
     list.reserveCapacity(n)
     for i in 0..<n {
-        guard let s = string(array[i]) else {
+        guard let p = array[i] else {
             _ = fail(.invalid, "\(what)[\(i)] is NULL")
             return nil
         }
-        list.append(s)
+        do {
+            list.append(try utf8(p, "\(what)[\(i)]"))
+        } catch {
+            _ = fail(error)
+            return nil
+        }
     }
     return list
 }
@@ -158,9 +163,9 @@ public func fq_submit_requests(_ handle: OpaquePointer?, _ request: UnsafePointe
 @c @implementation
 public func fq_submit_search(_ handle: OpaquePointer?, _ query: UnsafePointer<CChar>?, _ options: UnsafePointer<json_t>?,
                              _ done: fq_completion_fn?, _ userdata: UnsafeMutableRawPointer?) -> fq_op_id {
-    guard let q = queue(handle), let query = string(query) else { return fq_op_id(fail(.invalid, "NULL queue or query")) }
+    guard let q = queue(handle), let query else { return fq_op_id(fail(.invalid, "NULL queue or query")) }
     return submitted { () throws(FetchQError) in
-        try q.engine.submitSearch(query, to: q, options: options, callback: callback(done, userdata))
+        try q.engine.submitSearch(try utf8(query, "the query"), to: q, options: options, callback: callback(done, userdata))
     }
 }
 

@@ -4,12 +4,12 @@ import FetchQ
 
 @c @implementation
 public func fq_queue_new(_ handle: OpaquePointer?, _ name: UnsafePointer<CChar>?, _ maxConcurrent: Int32) -> OpaquePointer? {
-    guard let e = engine(handle), let name = string(name) else {
+    guard let e = engine(handle), let name else {
         _ = fail(.invalid, "NULL engine or name")
         return nil
     }
     do {
-        return try e.makeQueue(name: name, maxConcurrent: Int(maxConcurrent)).handle
+        return try e.makeQueue(name: try utf8(name, "the queue name"), maxConcurrent: Int(maxConcurrent)).handle
     } catch {
         _ = fail(error)
         return nil

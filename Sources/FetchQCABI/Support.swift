@@ -33,7 +33,18 @@ func cString(_ s: StaticString) -> UnsafePointer<CChar> {
     UnsafeRawPointer(s.utf8Start).assumingMemoryBound(to: CChar.self)
 }
 
+/// A C string whose invalid UTF-8 may become U+FFFD: only for messages.
 func string(_ s: UnsafePointer<CChar>?) -> String? { s.map { String(cString: $0) } }
+
+/// A C string argument called `what`. A name, key or query that is not
+/// UTF-8 is refused rather than repaired: repairing would make different
+/// byte strings the same one.
+func utf8(_ s: UnsafePointer<CChar>, _ what: @autoclosure () -> String) throws(FetchQError) -> String {
+    guard let text = String(validatingCString: s) else {
+        throw FetchQError(.invalid, "\(what()) is not valid UTF-8")
+    }
+    return text
+}
 
 func engine(_ handle: OpaquePointer?) -> Engine? {
     handle.map { Unmanaged<Engine>.fromOpaque(UnsafeRawPointer($0)).takeUnretainedValue() }

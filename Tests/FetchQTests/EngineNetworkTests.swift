@@ -318,6 +318,41 @@ import Testing
         }
     }
 
+    /// jansson cannot nest deeper than 2048, so a larger max_json_depth is
+    /// refused rather than accepted and not honoured; a document over the
+    /// limit is "nested too deeply", not "not valid JSON".
+    @Test func maxJSONDepthStopsAtJanssonsLimitAndSaysWhy() throws {
+        for text in [#"{"max_json_depth": 2049}"#, #"{"max_json_depth": 100000}"#] {
+            let config = json(text)
+            #expect(throws: FetchQError.self, "\(text)") {
+                _ = try withExtendedLifetime(config) { try EngineConfig(json: config.pointer) }
+            }
+        }
+        try withEngine(#"{"max_json_depth": 2048}"#) { engine, queue, c in
+            #expect(throws: FetchQError.self) {
+                _ = try engine.request(#"{"url": "\#(server.url("/deep?n=10"))"}"#,
+                                       options: #"{"max_json_depth": 2049}"#, on: queue, c)
+            }
+            let deepest = try engine.request(#"{"url": "\#(server.url("/deep?n=2048"))"}"#,
+                                             options: #"{"parse": "json"}"#, on: queue, c)
+            let over = try engine.request(#"{"url": "\#(server.url("/deep?n=30"))"}"#,
+                                          options: #"{"parse": "json", "max_json_depth": 20}"#, on: queue, c)
+            let r = try #require(c.wait(deepest))
+            #expect(r.outcome == .succeeded, "\(r.message ?? "")")
+            var depth = 0
+            var value = r.value
+            while let v = value, v.isArray {
+                depth += 1
+                value = v.elements.first
+            }
+            #expect(depth == 2048)
+            let o = try #require(c.wait(over))
+            #expect(o.status == .parse)
+            #expect(o.message?.contains("nested too deeply") == true, "\(o.message ?? "")")
+            #expect(o.message?.contains("not valid JSON") == false)
+        }
+    }
+
     @Test func jsonTestSuiteOverHTTP() throws {
         let dir = try JSONSuiteFiles.directory()
         let files = try JSONSuiteFiles.names()
@@ -328,7 +363,7 @@ import Testing
             for name in files {
                 let encoded = URLUtilities.percentEncode(name)
                 ids.append((name, try engine.request(#"{"url": "\#(fileServer.url("/file/" + encoded))"}"#,
-                                                     options: #"{"parse": "json", "max_json_depth": 100000}"#, on: queue, c)))
+                                                     options: #"{"parse": "json", "max_json_depth": 2048}"#, on: queue, c)))
             }
             for (name, id) in ids {
                 guard let r = c.wait(id) else {

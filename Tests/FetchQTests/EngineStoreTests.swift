@@ -88,6 +88,30 @@ import Testing
         reopened.close()
     }
 
+    /// Results the store cannot take (not objects) are the store's failure,
+    /// FQ_ERR_STORE, not FQ_ERR_INVALID (which says the caller erred).
+    @Test func resultsThatAreNotObjectsAreAStoreFailure() throws {
+        defer {
+            unlink(directory + "/strings.json")
+            cleanUp()
+        }
+        let file = fopen(directory + "/strings.json", "w")
+        fputs(#"{"results": ["a", {"id": 1}]}"#, file)
+        fclose(file)
+        let files = try TestServer(files: directory)
+        let path = directory + "/b.db"
+        try withEngine(config) { engine, queue, c in
+            let id = try engine.search("x", options: #"{"url": "\#(files.url("/file/strings.json"))?q={query}", "#
+                                           + #""results": "/results", "store": {"path": "\#(path)", "collection": "c"}}"#,
+                                       on: queue, c)
+            let r = try #require(c.wait(id))
+            #expect(r.outcome == .failed)
+            #expect(r.status == .store, "\(r.status) \(r.message ?? "")")
+            #expect(r.message?.contains("item 0 is a string, not an object") == true, "\(r.message ?? "")")
+            #expect(try ItemStore.shared(path: path).count(collection: "c") == 0)  // nothing of the batch
+        }
+    }
+
     @Test func badStoreOptionsFailAtSubmit() throws {
         defer { cleanUp() }
         try withEngine(config) { engine, queue, c in

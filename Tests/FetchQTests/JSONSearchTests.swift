@@ -171,13 +171,21 @@ import Testing
                 + #"{"id":[1,2],"n":"arr"},{"id":[2,1],"n":"arr2"},{"id":null,"n":"null"},"#
                 + #"{"id":null,"n":"nulldup"},{"id":true,"n":"true"},{"id":"true","n":"strtrue"}]"#)
         let merged = try JSONSearch.dedupe([items], idPointer: pointer("/id"))
-        #expect(names(merged) == ["string1", "int1", "real1", "obj", "arr", "arr2", "null", "true", "strtrue"])
+        // A null id is no id (as for the item store): both null items stay.
+        #expect(names(merged) == ["string1", "int1", "real1", "obj", "arr", "arr2", "null", "nulldup", "true", "strtrue"])
     }
 
     @Test func dedupeKeepsItemsWithoutIds() throws {
         let a = try json(#"[{"n":"x"},{"id":1,"n":"one"},{"n":"x"},"plain",{"id":1,"n":"dup"}]"#)
         let merged = try JSONSearch.dedupe([a, a], idPointer: pointer("/id"))
         #expect(merged.dumps() == #"[{"n":"x"},{"id":1,"n":"one"},{"n":"x"},"plain",{"n":"x"},{"n":"x"},"plain"]"#)
+    }
+
+    @Test func dedupeKeepsEveryItemWhoseIdIsNull() throws {
+        let a = try json(#"[{"id":null,"n":1},{"id":null,"n":2},{"n":3},{"id":7,"n":4}]"#)
+        let b = try json(#"[{"id":null,"n":5},{"id":7,"n":6}]"#)
+        let merged = try JSONSearch.dedupe([a, b], idPointer: pointer("/id"))
+        #expect(merged.elements.map { $0["n"]?.integerValue ?? -1 } == [1, 2, 3, 4, 5])
     }
 
     @Test func dedupeStringIdsWithUnicodeAndNul() throws {

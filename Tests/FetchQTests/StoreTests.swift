@@ -180,6 +180,22 @@ func storeTexts(_ array: JSONRef) -> [String] {
         }
     }
 
+    /// Without a sort pointer the items come by id, with a search's order
+    /// rules (numbers numerically, types by rank) and in both directions.
+    @Test func listingByIdFollowsTheSortRulesInBothOrders() throws {
+        try withStoreDirectory { dir in
+            let store = try ItemStore(path: dir.file("s.db"))
+            _ = try store.upsert(
+                collection: "q",
+                items: storeJSON(#"[{"id":9},{"id":10},{"id":2},{"id":"b"},{"id":"a"},{"id":true},{"id":2.5}]"#),
+                idPointer: idPointer, merge: .overwrite)
+            let ids = { (array: JSONRef) in array.elements.map { $0["id"]?.dumps() ?? "?" } }
+            #expect(ids(try store.items(collection: "q")) == ["true", "2", "2.5", "9", "10", #""a""#, #""b""#])
+            #expect(ids(try store.items(collection: "q", descending: true))
+                    == [#""b""#, #""a""#, "10", "9", "2.5", "2", "true"])
+        }
+    }
+
     @Test func sortedListingByISODatesBothOrders() throws {
         try withStoreDirectory { dir in
             let store = try ItemStore(path: dir.file("s.db"))

@@ -265,6 +265,49 @@ TEST(dependency_cycles_and_unknown_ids) {
     fqt_engine_free(e);
 }
 
+/* A barrier waits for everything before it in its queue, and what comes
+ * after it waits for the barrier: a dependency that closes a cycle through
+ * those waits is refused, else the queue would never run them. A dependency
+ * that closes none still works across a barrier. */
+TEST(add_dependency_sees_the_waits_of_a_barrier) {
+    fq_engine *e = fqt_engine(NULL);
+    fq_queue *q = fqt_queue(e, "q", 4);
+    fq_queue *q2 = fqt_queue(e, "q2", 1);
+    CHECK_OK(fq_queue_set_suspended(q, true));
+    CHECK_OK(fq_queue_set_suspended(q2, true));
+    rec ra = {0}, rb = {0}, rc = {0}, rx = {0};
+    fq_op_id a = fqt_block(q, body_tag, NULL, rec_done, &ra);
+    fq_op_id b = fqt_block(q, body_tag, "{\"barrier\": true}", rec_done, &rb);
+    fq_op_id c = fqt_block(q, body_tag, NULL, rec_done, &rc);
+    fq_op_id x = fqt_block(q2, body_tag, NULL, rec_done, &rx);
+    REQUIRE(a > 0 && b > 0 && c > 0 && x > 0);
+
+    CHECK_EQ_INT(fq_add_dependency(e, a, b), FQ_ERR_CYCLE); /* b waits for a */
+    CHECK_CONTAINS(fq_last_error(), "cycle");
+    CHECK_EQ_INT(fq_add_dependency(e, a, c), FQ_ERR_CYCLE); /* c -> b -> a */
+    CHECK_OK(fq_add_dependency(e, x, c));                   /* x -> c -> b -> a */
+    CHECK_EQ_INT(fq_add_dependency(e, a, x), FQ_ERR_CYCLE); /* through another queue */
+    CHECK_OK(fq_add_dependency(e, c, a));                   /* already so: no cycle */
+
+    CHECK_OK(fq_queue_set_suspended(q, false));
+    CHECK_OK(fq_queue_set_suspended(q2, false));
+    CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));
+    CHECK_EQ_INT(ra.outcome, FQ_SUCCEEDED);
+    CHECK_EQ_INT(rb.outcome, FQ_SUCCEEDED);
+    CHECK_EQ_INT(rc.outcome, FQ_SUCCEEDED);
+    CHECK_EQ_INT(rx.outcome, FQ_SUCCEEDED);
+    CHECK(atomic_load(&ra.end_seq) < atomic_load(&rb.start_seq));
+    CHECK(atomic_load(&rb.end_seq) < atomic_load(&rc.start_seq));
+    CHECK(atomic_load(&rc.end_seq) < atomic_load(&rx.start_seq));
+    CHECK_EQ_INT(atomic_load(&ra.calls) + atomic_load(&rb.calls) + atomic_load(&rc.calls) +
+                     atomic_load(&rx.calls), 4);
+    rec_clear(&ra);
+    rec_clear(&rb);
+    rec_clear(&rc);
+    rec_clear(&rx);
+    fqt_engine_free(e);
+}
+
 TEST(add_dependency_on_failed_op_cancels) {
     fq_engine *e = fqt_engine(NULL);
     fq_queue *q = fqt_queue(e, "q", 2);

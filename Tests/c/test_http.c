@@ -1017,8 +1017,8 @@ static void check_suite_over_http(bool lazy) {
     fqt_server_start(&s, dir);
     fq_engine *e = fqt_engine("{\"max_per_host\": 8}");
     fq_queue *q = fqt_queue(e, "q", 8);
-    const char *opts = lazy ? "{\"parse\": \"json\", \"max_json_depth\": 100000, \"lazy_parse\": true}"
-                            : "{\"parse\": \"json\", \"max_json_depth\": 100000}";
+    const char *opts = lazy ? "{\"parse\": \"json\", \"max_json_depth\": 2048, \"lazy_parse\": true}"
+                            : "{\"parse\": \"json\", \"max_json_depth\": 2048}";
     for (int i = 0; i < nf; i++) {
         char enc[800], url[1024];
         snprintf(url, sizeof url, "%s/file/%s", s.base, fqt_pct(files[i].name, enc, sizeof enc));

@@ -303,6 +303,63 @@ TEST(misuse_null_store_arguments) {
     CHECK(system(cmd) == 0);
 }
 
+/* Strings that are not UTF-8 are refused, not repaired into U+FFFD (which
+ * would make "\xff" and "\xfe" the same query, collection or id). */
+TEST(misuse_strings_that_are_not_utf8) {
+    fq_engine *e = fqt_engine("{\"search\": {\"url\": \"http://127.0.0.1:9/?q={query}\"}}");
+    REQUIRE(fq_queue_new(e, "bad\xff", 1) == NULL);
+    EXPECT_MSG("not valid UTF-8");
+    fq_queue *q = fqt_queue(e, "q", 1);
+    CHECK_OK(fq_queue_set_suspended(q, true));
+    rec r = {0};
+    EXPECT_ST(fq_submit_search(q, "\xff\xfe" "ab", NULL, rec_done, &r), FQ_ERR_INVALID);
+    EXPECT_MSG("the query is not valid UTF-8");
+    const char *qs[] = {"ok", "\xff"};
+    EXPECT_ST(fq_submit_search_all(q, qs, 2, NULL, rec_done, &r), FQ_ERR_INVALID);
+    EXPECT_MSG("queries[1] is not valid UTF-8");
+    const char *urls[] = {"http://127.0.0.1:9/\xe9"};
+    EXPECT_ST(fq_submit_requests(q, NULL, urls, 1, NULL, rec_done, NULL, NULL), FQ_ERR_INVALID);
+    EXPECT_MSG("urls[0] is not valid UTF-8");
+    EXPECT_ST(fq_cancel_group(e, "g\xc3"), FQ_ERR_INVALID);
+    CHECK_EQ_INT(fqt_stat(e, "submitted", -1), 0);
+    check_never_called(&r, "submits with strings that are not UTF-8");
+
+    char dir[] = "/tmp/fq-misuse-utf8-XXXXXX";
+    REQUIRE(mkdtemp(dir) != NULL);
+    char path[128], badpath[128];
+    snprintf(path, sizeof path, "%s/store.db", dir);
+    snprintf(badpath, sizeof badpath, "%s/st\xf6re.db", dir);
+    char errbuf[256] = "";
+    CHECK(fq_store_open(badpath, errbuf, sizeof errbuf) == NULL);
+    CHECK_CONTAINS(errbuf, "not valid UTF-8");
+    fq_store *s = fq_store_open(path, errbuf, sizeof errbuf);
+    REQUIRE(s != NULL);
+    json_t *items = fqt_json("[{\"id\": \"\\ufffd\", \"v\": 1}]");
+    json_t *report = NULL, *item = NULL;
+    EXPECT_ST(fq_store_upsert(s, "c\xff", items, "/id", NULL, &report), FQ_ERR_INVALID);
+    EXPECT_ST(fq_store_upsert(s, "c", items, "/i\xff" "d", NULL, &report), FQ_ERR_INVALID);
+    EXPECT_ST(fq_store_upsert(s, "c", items, "/id", "overwrite\xff", &report), FQ_ERR_INVALID);
+    CHECK(report == NULL);
+    CHECK_OK(fq_store_upsert(s, "c", items, "/id", NULL, &report));
+    json_decref(report);
+    /* the stored id is U+FFFD itself: an invalid byte does not find it */
+    EXPECT_ST(fq_store_get(s, "c", "\x80", &item), FQ_ERR_INVALID);
+    CHECK(item == NULL);
+    CHECK_OK(fq_store_get(s, "c", "\xef\xbf\xbd", &item));
+    CHECK(json_is_object(item));
+    json_decref(item);
+    EXPECT_ST(fq_store_count(s, "c\xfe"), FQ_ERR_INVALID);
+    EXPECT_NULL(fq_store_items(s, "c\xfe", NULL, false));
+    EXPECT_NULL(fq_store_items(s, "c", "/\xfe", false));
+    CHECK_EQ_INT(fq_store_count(s, "c"), 1);
+    fq_store_free(s);
+    json_decref(items);
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    CHECK(system(cmd) == 0);
+    fqt_engine_free(e);
+}
+
 /* ----------------------------------------------- unknown and finished ids */
 
 TEST(misuse_unknown_and_finished_ids) {
@@ -862,6 +919,7 @@ TEST(misuse_huge_option_values) {
     expect_bad_request_options(q, "{\"max_response_bytes\": 4611686018427387904}",
                                "max_response_bytes");
     expect_bad_request_options(q, "{\"max_json_depth\": 4611686018427387904}", "max_json_depth");
+    expect_bad_request_options(q, "{\"max_json_depth\": 2049}", "max_json_depth"); /* over jansson's limit */
     expect_bad_request_options(q, "{\"progress_interval_ms\": 4611686018427387904}",
                                "progress_interval_ms");
     expect_bad_request_options(q, "{\"retry\": {\"max\": 4611686018427387904}}", "max");

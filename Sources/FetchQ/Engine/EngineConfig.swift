@@ -105,7 +105,8 @@ public struct NetworkLimits: Sendable {
         if let n = try r.int("max_wait_ms", in: 0...86_400_000) { maxWaitMs = n }
         if let n = try r.int("max_redirects", in: 0...100) { maxRedirects = n }
         if let n = try r.int("max_response_bytes", in: 1...(1 << 40)) { maxResponseBytes = n }
-        if let n = try r.int("max_json_depth", in: 1...100_000) { maxJSONDepth = n }
+        // jansson's own nesting limit is the most a document can have.
+        if let n = try r.int("max_json_depth", in: 1...JSONParser.janssonMaxDepth) { maxJSONDepth = n }
         if let b = try r.bool("verify_tls") { verifyTLS = b }
         if let s = try r.string("ca_file") {
             guard !s.utf8.contains(0) else { throw FetchQError(.invalid, "\(r.path("ca_file")): must not contain NUL") }

@@ -85,27 +85,15 @@ public enum JSONSearch {
             let source = array.pointer
             let count = json_array_size(source)
             var items: [UnsafeMutablePointer<json_t>] = []
-            var keys: [SortKey] = []
+            var keys: [UnsafeMutablePointer<json_t>?] = []
             items.reserveCapacity(count)
             keys.reserveCapacity(count)
             for i in 0..<count {
                 let item = json_array_get(source, i)!
                 items.append(item)
-                keys.append(SortKey(key.resolve(in: item)))
+                keys.append(key.resolve(in: item))
             }
-            var order = Array(0..<count)
-            order.sort { a, b in
-                let ka = keys[a]
-                let kb = keys[b]
-                let aMissing = ka.isMissing
-                let bMissing = kb.isMissing
-                if aMissing || bMissing {
-                    if aMissing && bMissing { return a < b }
-                    return bMissing
-                }
-                let c = descending ? SortKey.compare(kb, ka) : SortKey.compare(ka, kb)
-                return c != 0 ? c < 0 : a < b  // ties by input position: stable
-            }
+            let order = sortOrder(keys, descending: descending)
             let result = JSONRef.array()
             for i in order {
                 if json_array_append(result.pointer, items[i]) != 0 {
@@ -123,7 +111,8 @@ public enum JSONSearch {
     ///   their canonical JSON text (compact, keys sorted), so `"1"` and `1` are different
     ///   ids, `1` and `1.0` are different ids, and `{"a":1,"b":2}` equals `{"b":2,"a":1}`.
     /// - Items without an id (the pointer selects nothing, e.g. the field is absent or the
-    ///   item is not an object) are all kept, in place: nothing says they are duplicates.
+    ///   item is not an object, or it selects `null`, which the item store does not take
+    ///   for an id either) are all kept, in place: nothing says they are duplicates.
     ///
     /// Throws `.notArray` if one of `arrays` is not an array (the message gives its index).
     public static func dedupe(_ arrays: [JSONRef], idPointer: JSONPointer)
@@ -141,7 +130,7 @@ public enum JSONSearch {
                 let count = json_array_size(array.pointer)
                 for i in 0..<count {
                     let item = json_array_get(array.pointer, i)!
-                    if let id = idPointer.resolve(in: item) {
+                    if let id = idPointer.resolve(in: item), jsonType(of: id) != JSON_NULL {
                         guard seen.insert(canonicalKey(id)).inserted else { continue }
                     }
                     if json_array_append(result.pointer, item) != 0 {
@@ -151,6 +140,26 @@ public enum JSONSearch {
             }
         }
         return result
+    }
+
+    /// The positions of `keys` (nil: missing) in the order ``sortItems(_:by:descending:)``
+    /// gives items with these keys. The values must stay alive meanwhile.
+    static func sortOrder(_ values: [UnsafeMutablePointer<json_t>?], descending: Bool) -> [Int] {
+        let keys = values.map(SortKey.init)
+        var order = Array(0..<keys.count)
+        order.sort { a, b in
+            let ka = keys[a]
+            let kb = keys[b]
+            let aMissing = ka.isMissing
+            let bMissing = kb.isMissing
+            if aMissing || bMissing {
+                if aMissing && bMissing { return a < b }
+                return bMissing
+            }
+            let c = descending ? SortKey.compare(kb, ka) : SortKey.compare(ka, kb)
+            return c != 0 ? c < 0 : a < b  // ties by input position: stable
+        }
+        return order
     }
 
     /// Variadic form of ``dedupe(_:idPointer:)``.

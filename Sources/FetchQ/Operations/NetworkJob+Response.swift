@@ -243,7 +243,9 @@ extension NetworkJob {
                     do {
                         value = try JSONParser.parse(response.body, maxDepth: maxJSONDepth)
                     } catch {
-                        parseError = "\(request.url): the response is not valid JSON: \(error)"
+                        parseError = error.kind == .depth
+                            ? "\(request.url): the response is nested too deeply: \(error)"
+                            : "\(request.url): the response is not valid JSON: \(error)"
                     }
                 }
             }
@@ -272,7 +274,9 @@ extension NetworkJob {
                                                              idPointer: search.id, merge: target.merge)
                         value?.set("store", report.json())
                     } catch {
-                        return OperationResult(id: id, outcome: .failed, status: error.status,
+                        // Items the store cannot take (not objects) are a
+                        // store failure here, not a bad argument of the caller.
+                        return OperationResult(id: id, outcome: .failed, status: error.status == .invalid ? .store : error.status,
                                                message: "search \"\(search.query)\": storing into \(target.store.path): \(error.message)",
                                                value: value, http: info)
                     }

@@ -737,15 +737,19 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         return .success(actions)
     }
 
-    /// Whether `start` waits, directly or through others, for `target`.
-    private func waits(_ start: OpID, on target: OpID) -> Bool {
-        var stack = [start]
-        var seen: Set<OpID> = [start]
+    /// Whether `waiter` waits, directly or through others, for `target`: a
+    /// walk from `target` along the edges to what waits for it (each live
+    /// operation's dependents). Those hold every kind of wait, a barrier's
+    /// included (it waits for everything before it in its queue, and what
+    /// comes after it waits for it), which `dependencies` does not list.
+    private func waits(_ waiter: OpID, on target: OpID) -> Bool {
+        var stack = [target]
+        var seen: Set<OpID> = [target]
         while let current = stack.popLast() {
-            guard let s = liveSlot(current) else { continue }
-            for dep in dependencies(ofSlot: s) where liveSlot(dep) != nil {
-                if dep == target { return true }
-                if seen.insert(dep).inserted { stack.append(dep) }
+            guard let s = liveSlot(current), slots[s].links >= 0 else { continue }
+            for dependent in linkTable[Int(slots[s].links)].dependents where liveSlot(dependent.id) != nil {
+                if dependent.id == waiter { return true }
+                if seen.insert(dependent.id).inserted { stack.append(dependent.id) }
             }
         }
         return false

@@ -211,21 +211,29 @@ public final class ItemStore: Sendable {
 
     /// All items of `collection` as a new JSON array.
     ///
-    /// Without `sortedBy` they are ordered by id (the bytes of the canonical id text).
-    /// With it, they are ordered by the value the pointer selects, with the rules of
-    /// ``JSONSearch/sortItems(_:by:descending:)`` (numbers numerically, strings by bytes so
-    /// ISO-8601 dates chronologically, items without the field last in both directions,
-    /// ties in id order). An unknown collection gives an empty array.
+    /// Ordered by the value `sortedBy` selects in each item, or without it by the item's
+    /// id, with the rules of ``JSONSearch/sortItems(_:by:descending:)`` (numbers
+    /// numerically, strings by bytes so ISO-8601 dates chronologically, items without the
+    /// field last in both directions, ties in the order of the canonical id texts' bytes).
+    /// An unknown collection gives an empty array.
     public func items(
         collection: String, sortedBy: JSONPointer? = nil, descending: Bool = false
     ) throws(FetchQError) -> JSONRef {
         try Self.check(collection: collection)
-        let docs = try withConnection { (db) throws(StoreFailure) in
+        let rows = try withConnection { (db) throws(StoreFailure) in
             try db.documents(collection: collection)
         }
         let array = JSONRef.array()
-        for doc in docs { array.append(try parse(doc)) }
-        guard let sortedBy else { return array }
+        guard let sortedBy else {
+            // By id: the ids as values, ordered like a search's sort key.
+            let ids = try rows.map { (row) throws(FetchQError) in try parse(row.id) }
+            let order = withExtendedLifetime(ids) {
+                JSONSearch.sortOrder(ids.map { Optional($0.pointer) }, descending: descending)
+            }
+            for i in order { array.append(try parse(rows[i].doc)) }
+            return array
+        }
+        for row in rows { array.append(try parse(row.doc)) }
         do {
             return try JSONSearch.sortItems(array, by: sortedBy, descending: descending)
         } catch {

@@ -124,7 +124,7 @@ final class StoreConnection {
         updateIfChanged = try sqlite.prepare(
             "UPDATE items SET doc = ?3, updated_at = ?4 "
                 + "WHERE collection = ?1 AND id = ?2 AND doc IS NOT ?3")
-        selectAll = try sqlite.prepare("SELECT doc FROM items WHERE collection = ?1 ORDER BY id")
+        selectAll = try sqlite.prepare("SELECT id, doc FROM items WHERE collection = ?1 ORDER BY id")
         selectOne = try sqlite.prepare("SELECT doc FROM items WHERE collection = ?1 AND id = ?2")
         countAll = try sqlite.prepare("SELECT count(*) FROM items WHERE collection = ?1")
     }
@@ -172,14 +172,15 @@ final class StoreConnection {
     }
 
     /// The stored documents of `collection` (canonical JSON text), ordered by id.
-    func documents(collection: String) throws(StoreFailure) -> [[UInt8]] {
+    /// Every (canonical id, document) of `collection`, in the order of the id texts' bytes.
+    func documents(collection: String) throws(StoreFailure) -> [(id: [UInt8], doc: [UInt8])] {
         try sqlite.run(selectAll) { (s) throws(StoreFailure) in
             try sqlite.bind(collection, to: s, at: 1)
-            var docs: [[UInt8]] = []
+            var rows: [(id: [UInt8], doc: [UInt8])] = []
             while try sqlite.stepRow(s, "list items") {  // ends at SQLITE_DONE: one step per row
-                docs.append(sqlite.columnTextBytes(s, 0))
+                rows.append((sqlite.columnTextBytes(s, 0), sqlite.columnTextBytes(s, 1)))
             }
-            return docs
+            return rows
         }
     }
 

@@ -151,7 +151,7 @@ def identical(a: Any, b: Any) -> bool:
 
 def fetch_all(srv: Server, names: List[str], **options: Any) -> Dict[str, Any]:
     """Every /file/NAME with parse="json": name -> Response or exception."""
-    with fetchq.Engine(workers=4, max_json_depth=100000) as engine:
+    with fetchq.Engine(workers=4, max_json_depth=2048) as engine:
         q = engine.queue("files", max_concurrent=8)
         futs = {n: q.get(srv.url("/file/" + quote(n, safe="")), parse="json", **options)
                 for n in names}

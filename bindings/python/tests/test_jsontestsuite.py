@@ -35,7 +35,7 @@ def test_the_suite_is_there() -> None:
 @pytest.fixture(scope="module")
 def outcomes(server: Server) -> Iterator[Dict[str, Any]]:
     """Submits every file at once and collects each future's outcome."""
-    with fetchq.Engine(workers=4, max_json_depth=100000) as engine:
+    with fetchq.Engine(workers=4, max_json_depth=2048) as engine:
         q = engine.queue("suite", max_concurrent=8)
         futs = {name: q.get(server.url("/file/" + quote(name, safe="")), parse="json")
                 for name in FILES}
