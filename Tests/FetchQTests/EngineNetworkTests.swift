@@ -353,6 +353,26 @@ import Testing
         }
     }
 
+    /// A parse failure names the method and URL, and says whether the body
+    /// is not JSON or JSON that jansson cannot hold (RFC 8259 sets no limit
+    /// on numbers, jansson does).
+    @Test func parseFailuresSayWhatWasWrong() throws {
+        let fileServer = try TestServer(files: try JSONSuiteFiles.directory())
+        try withEngine { engine, queue, c in
+            let big = fileServer.url("/file/i_number_too_big_pos_int.json")
+            let bad = fileServer.url("/file/n_array_just_minus.json")
+            let a = try engine.request(#"{"url": "\#(big)", "method": "PUT"}"#, options: #"{"parse": "json"}"#, on: queue, c)
+            let b = try engine.request(#"{"url": "\#(bad)"}"#, options: #"{"parse": "json"}"#, on: queue, c)
+            let ra = try #require(c.wait(a))
+            #expect(ra.status == .parse)
+            #expect(ra.message?.hasPrefix("PUT \(big): the response is JSON that jansson cannot hold: ") == true,
+                    "\(ra.message ?? "")")
+            let rb = try #require(c.wait(b))
+            #expect(rb.status == .parse)
+            #expect(rb.message?.hasPrefix("GET \(bad): the response is not valid JSON: ") == true, "\(rb.message ?? "")")
+        }
+    }
+
     @Test func jsonTestSuiteOverHTTP() throws {
         let dir = try JSONSuiteFiles.directory()
         let files = try JSONSuiteFiles.names()

@@ -243,9 +243,14 @@ extension NetworkJob {
                     do {
                         value = try JSONParser.parse(response.body, maxDepth: maxJSONDepth)
                     } catch {
-                        parseError = error.kind == .depth
-                            ? "\(request.url): the response is nested too deeply: \(error)"
-                            : "\(request.url): the response is not valid JSON: \(error)"
+                        let what: String
+                        switch error.kind {
+                        case .depth: what = "the response is nested too deeply"
+                        // Valid JSON (RFC 8259 has no number limits), not jansson's.
+                        case .unsupported: what = "the response is JSON that jansson cannot hold"
+                        default: what = "the response is not valid JSON"
+                        }
+                        parseError = "\(request.method) \(request.url): \(what): \(error)"
                     }
                 }
             }
