@@ -8,6 +8,9 @@ final class Console: Sendable {
     private struct State {
         /// The bar is on screen (the cursor is at the end of its line).
         var barShown = false
+        /// The errno of the first result that could not be written; 0: none.
+        var writeError: Int32 = 0
+        var onWriteError: (@Sendable () -> Void)? = nil
     }
 
     private let state = Mutex(State())
@@ -15,17 +18,31 @@ final class Console: Sendable {
     /// before writing a result line too.
     private let stdoutIsTTY = isatty(1) == 1
 
-    /// One JSON value as a line on stdout.
+    /// One JSON value as a line on stdout. After a line could not be
+    /// written, the others are not tried, and `onWriteError` runs once.
     func result(_ line: String) {
         var bytes = Array(line.utf8)
         bytes.append(10)
-        state.withLock { s in
+        let failed: (@Sendable () -> Void)? = state.withLock { s in
+            guard s.writeError == 0 else { return nil }
             if s.barShown && stdoutIsTTY {
                 writeAll(2, Array("\r\u{1B}[K".utf8))
                 s.barShown = false
             }
-            writeAll(1, bytes)
+            guard let error = Startup.stdoutWasClosed ? EBADF : writeAll(1, bytes) else { return nil }
+            s.writeError = error
+            return s.onWriteError
         }
+        failed?()
+    }
+
+    /// The errno of the first result line that could not be written, or 0.
+    var writeError: Int32 { state.withLock { $0.writeError } }
+
+    /// What to do when a result cannot be written (once, on the thread that
+    /// tried): the results after it would be lost too.
+    func onWriteError(_ action: @escaping @Sendable () -> Void) {
+        state.withLock { $0.onWriteError = action }
     }
 
     /// A message on stderr, prefixed "fetchq: ".

@@ -26,19 +26,34 @@ struct FetchQCLI: ParsableCommand {
         subcommands: [Search.self, Get.self, Request.self])
 
     /// ArgumentParser's `main`, except that usage errors exit with status 2
-    /// (its default is EX_USAGE, 64).
+    /// (its default is EX_USAGE, 64), and one found by a subcommand's `run`
+    /// shows that subcommand's usage, as one found while parsing does.
     static func main() {
+        Startup.prepare()
+        var command: ParsableCommand
         do {
-            var command = try parseAsRoot(nil)
+            command = try parseAsRoot(nil)
+        } catch {
+            exit(after: error, in: nil)
+        }
+        do {
             try command.run()
         } catch {
-            if exitCode(for: error) == .validationFailure {
-                var stderr = StandardError()
-                print(fullMessage(for: error), to: &stderr)
-                exit(withError: ExitCode(2))
-            }
-            exit(withError: error)
+            exit(after: error, in: type(of: command))
         }
+    }
+
+    private static func exit(after error: Error, in subcommand: ParsableCommand.Type?) -> Never {
+        guard exitCode(for: error) == .validationFailure else { exit(withError: error) }
+        var stderr = StandardError()
+        if let subcommand, subcommand != FetchQCLI.self, let error = error as? ValidationError {
+            let name = subcommand.configuration.commandName ?? String(describing: subcommand).lowercased()
+            print("Error: \(error.message)\nUsage: \(usageString(for: subcommand))\n"
+                  + "  See 'fetchq \(name) --help' for more information.", to: &stderr)
+        } else {
+            print(fullMessage(for: error), to: &stderr)
+        }
+        exit(withError: ExitCode(2))
     }
 }
 

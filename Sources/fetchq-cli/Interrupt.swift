@@ -12,6 +12,13 @@ nonisolated(unsafe) private var interruptPipeWrite: Int32 = -1
 /// the process at once.
 enum Interrupt {
     static func install(_ onInterrupt: @escaping @Sendable () -> Void) {
+        // Started with SIGINT ignored (a background job of a shell, `trap ''
+        // INT`): Ctrl-C is not meant for this process; leave it ignored.
+        var current = sigaction()
+        if sigaction(SIGINT, nil, &current) == 0,
+           unsafeBitCast(current.__sigaction_handler.sa_handler, to: Int.self) == unsafeBitCast(SIG_IGN, to: Int.self) {
+            return
+        }
         guard let fds = makePipe() else { return }
         let readEnd = fds.read
         interruptPipeWrite = fds.write

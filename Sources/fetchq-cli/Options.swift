@@ -3,10 +3,12 @@ import FetchQ
 
 /// Options every command takes: queue, limits and per-operation settings.
 struct CommonOptions: ParsableArguments {
-    @Option(help: ArgumentHelp("Operations running at once (the queue's max_concurrent).", valueName: "n"))
+    // `parsing: .unconditional` on the numbers: "--concurrency -1" takes -1
+    // and says what is wrong with it, instead of "missing value".
+    @Option(parsing: .unconditional, help: ArgumentHelp("Operations running at once (the queue's max_concurrent).", valueName: "n"))
     var concurrency = 8
 
-    @Option(name: .customLong("per-host"),
+    @Option(name: .customLong("per-host"), parsing: .unconditional,
             help: ArgumentHelp("Requests running at once per host:port (engine config max_per_host; default 6).",
                                valueName: "n"))
     var perHost: Int?
@@ -16,11 +18,13 @@ struct CommonOptions: ParsableArguments {
                                valueName: "name|n"))
     var priority: String?
 
-    @Option(help: ArgumentHelp("Time limit per request in seconds, fractions allowed (option timeout_ms; 0 = none; default 60).",
+    @Option(parsing: .unconditional,
+            help: ArgumentHelp("Time limit per request in seconds, fractions allowed (option timeout_ms; 0 = none; default 60).",
                                valueName: "seconds"))
     var timeout: Double?
 
-    @Option(help: ArgumentHelp("Retry a request up to n times on 408, 429, 5xx, network errors and timeouts, with backoff (idempotent methods only).",
+    @Option(parsing: .unconditional,
+            help: ArgumentHelp("Retry a request up to n times on 408, 429, 5xx, network errors and timeouts, with backoff (idempotent methods only).",
                                valueName: "n"))
     var retry: Int?
 
@@ -74,19 +78,59 @@ struct HTTPOptions: ParsableArguments {
 
     func validate() throws { _ = try parsedHeaders() }
 
-    /// The headers as a JSON object of strings (a repeated name keeps the last value).
+    /// The headers as a JSON object of strings. A name given again (in any
+    /// case) joins its values in order with ", " (RFC 9110 §5.3), or "; "
+    /// for Cookie (RFC 6265 §5.4), under the first spelling of the name.
     func parsedHeaders() throws -> JSONRef? {
         guard !headers.isEmpty else { return nil }
-        let object = JSONRef.object()
+        var order: [String] = []
+        var values: [String: (name: String, value: String)] = [:]
         for header in headers {
             guard let colon = header.firstIndex(of: ":") else {
                 throw ValidationError("--header \"\(header)\": expected \"Name: value\"")
             }
             let name = String(header[..<colon]).trimmingBlanks
             guard !name.isEmpty else { throw ValidationError("--header \"\(header)\": the name is empty") }
-            object.set(name, .string(String(header[header.index(after: colon)...]).trimmingBlanks))
+            let value = String(header[header.index(after: colon)...]).trimmingBlanks
+            let key = name.lowercased()
+            if let earlier = values[key] {
+                values[key] = (earlier.name, earlier.value + (key == "cookie" ? "; " : ", ") + value)
+            } else {
+                order.append(key)
+                values[key] = (name, value)
+            }
+        }
+        let object = JSONRef.object()
+        for key in order {
+            let header = values[key]!
+            object.set(header.name, .string(header.value))
         }
         return object
+    }
+}
+
+/// More URLs or queries, one per line, from a file or stdin: for lists too
+/// long for the command line (swift-argument-parser 1.8.2 takes quadratic
+/// time over a long list of arguments: about 2 s for 10 000).
+struct InputOptions: ParsableArguments {
+    @Option(help: ArgumentHelp("Also read them from FILE (- for stdin), one per line; empty lines are skipped.",
+                               valueName: "file"))
+    var input: String?
+
+    /// `given` followed by the lines of --input (UTF-8; a trailing CR is
+    /// dropped). `what` names them in the message when there are none.
+    func all(_ given: [String], _ what: String) throws -> [String] {
+        var list = given
+        if let input {
+            let text = try Request.text(of: "@" + input, option: "--input")
+            // By bytes: as Characters, "\r\n" is one and would not split at "\n".
+            for line in text.utf8.split(separator: UInt8(ascii: "\n")) {
+                let item = line.last == UInt8(ascii: "\r") ? line.dropLast() : line
+                if !item.isEmpty { list.append(String(decoding: item, as: UTF8.self)) }
+            }
+        }
+        guard !list.isEmpty else { throw ValidationError("give at least one \(what)") }
+        return list
     }
 }
 

@@ -25,16 +25,18 @@ struct Get: ParsableCommand {
 
     @OptionGroup var http: HTTPOptions
     @OptionGroup var common: CommonOptions
+    @OptionGroup var input: InputOptions
 
     @Argument(help: "The URLs (http:// or https://).")
     var urls: [String] = []
 
     func validate() throws {
-        guard !urls.isEmpty else { throw ValidationError("give at least one URL") }
+        guard !urls.isEmpty || input.input != nil else { throw ValidationError("give at least one URL") }
     }
 
     func run() throws {
-        try runRequests(method: "GET", body: nil, urls: urls, http: http, common: common)
+        try runRequests(method: "GET", body: nil, contentType: nil, urls: try input.all(urls, "URL"), http: http,
+                        common: common)
     }
 }
 
@@ -69,29 +71,43 @@ struct Request: ParsableCommand {
 
     @OptionGroup var http: HTTPOptions
     @OptionGroup var common: CommonOptions
+    @OptionGroup var input: InputOptions
 
     @Argument(help: "The URLs (http:// or https://).")
     var urls: [String] = []
 
     func validate() throws {
-        guard !urls.isEmpty else { throw ValidationError("give at least one URL") }
+        guard !urls.isEmpty || input.input != nil else { throw ValidationError("give at least one URL") }
         guard data == nil || json == nil else { throw ValidationError("give --data or --json, not both") }
+        if input.input == "-" && (data == "@-" || json == "@-") {
+            throw ValidationError("--input - and a body from @- would both read standard input")
+        }
     }
 
     func run() throws {
         var body: JSONRef? = nil
+        var contentType: String? = nil
         if let data {
             body = .string(try Self.text(of: data, option: "--data"))
         } else if let json {
+            // Checked, then sent byte for byte as given (not re-encoded: that
+            // would change numbers, spacing and duplicate keys).
             let text = try Self.text(of: json, option: "--json")
             do {
-                body = try JSONParser.parse(text, maxDepth: 512)
+                _ = try JSONParser.parse(text, maxDepth: JSONParser.janssonMaxDepth)
             } catch {
+                if error.kind == .unsupported {
+                    throw ValidationError("--json: valid JSON that jansson cannot check (\(error)); "
+                                          + "send it with --data and -H 'Content-Type: application/json'")
+                }
                 throw ValidationError("--json: \(error)")
             }
+            body = .string(text)
+            contentType = "application/json"
         }
         let method = self.method ?? (body == nil ? "GET" : "POST")
-        try runRequests(method: method, body: body, urls: urls, http: http, common: common)
+        try runRequests(method: method, body: body, contentType: contentType, urls: try input.all(urls, "URL"),
+                        http: http, common: common)
     }
 
     /// The argument itself, or the contents of @FILE / @- (stdin).
@@ -124,8 +140,17 @@ struct Request: ParsableCommand {
 }
 
 /// Submits one request per URL and prints one line per response.
-func runRequests(method: String, body: JSONRef?, urls: [String], http: HTTPOptions, common: CommonOptions) throws {
-    let headers = try http.parsedHeaders()
+/// `contentType` is sent unless a -H header sets one.
+func runRequests(method: String, body: JSONRef?, contentType: String?, urls: [String], http: HTTPOptions,
+                 common: CommonOptions) throws {
+    var headers = try http.parsedHeaders()
+    let setsContentType = http.headers.contains {
+        $0.split(separator: ":", maxSplits: 1).first.map { String($0).trimmingBlanks.lowercased() } == "content-type"
+    }
+    if let contentType, !setsContentType {
+        if headers == nil { headers = .object() }
+        headers?.set("Content-Type", .string(contentType))
+    }
     let include = http.include
     let session = try Session(common)
     session.progress.expect(urls.count)
@@ -138,7 +163,7 @@ func runRequests(method: String, body: JSONRef?, urls: [String], http: HTTPOptio
         if let headers { request.set("headers", headers) }
         if let body { request.set("body", body) }
         let completion: Completion = { result in
-            guard session.ended(result, label: "\(method) \(url)", mention: url) else { return }
+            guard session.ended(result, label: "\(method) \(url)") else { return }
             session.console.result(responseLine(method: method, url: url, result, include: include).dumps())
         }
         submits.append { engine, queue in

@@ -51,12 +51,13 @@ struct Search: ParsableCommand {
     var merged = false
 
     @OptionGroup var common: CommonOptions
+    @OptionGroup var input: InputOptions
 
     @Argument(help: "The queries.")
     var queries: [String] = []
 
     func validate() throws {
-        guard !queries.isEmpty else { throw ValidationError("give at least one query") }
+        guard !queries.isEmpty || input.input != nil else { throw ValidationError("give at least one query") }
     }
 
     func run() throws {
@@ -66,15 +67,16 @@ struct Search: ParsableCommand {
         if let id { endpoint.set("id", .string(id)) }
         if let sort { endpoint.set("sort", .string(sort)) }
         if let order { endpoint.set("order", .string(order.rawValue)) }
+        let queries = try input.all(self.queries, "query")
         if merged {
-            try runMerged(endpoint)
+            try runMerged(endpoint, queries)
         } else {
-            try runEach(endpoint)
+            try runEach(endpoint, queries)
         }
     }
 
     /// One search per query; one line per query result.
-    private func runEach(_ endpoint: JSONRef) throws {
+    private func runEach(_ endpoint: JSONRef, _ queries: [String]) throws {
         let session = try Session(common, search: endpoint)
         session.progress.expect(queries.count)
         let options = session.operationOptions
@@ -82,7 +84,7 @@ struct Search: ParsableCommand {
         for query in queries {
             let completion: Completion = { result in
                 let label = "search \(JSONRef.string(query))"
-                guard session.ended(result, label: label, mention: label), let value = result.value else { return }
+                guard session.ended(result, label: label), let value = result.value else { return }
                 let line = JSONRef.object()
                 line.set("query", .string(query))
                 line.set("count", value["count"] ?? .integer(0))
@@ -99,14 +101,15 @@ struct Search: ParsableCommand {
     }
 
     /// One search-all; one line per merged item; failed queries on stderr.
-    private func runMerged(_ endpoint: JSONRef) throws {
-        let unique = queries.reduce(into: [String]()) { list, q in if !list.contains(q) { list.append(q) } }
+    private func runMerged(_ endpoint: JSONRef, _ queries: [String]) throws {
+        var seen = Set<String>()
+        let unique = queries.filter { seen.insert($0).inserted }
         // With the bar on, children report as they end (child events).
         let session = try Session(common, search: endpoint, extraOptions: [("child_events", .bool(true))])
         session.progress.expect(unique.count)
         let options = session.operationOptions
         let completion: Completion = { result in
-            guard session.ended(result, label: "search", mention: "search", countsInProgress: false),
+            guard session.ended(result, label: "search", countsInProgress: false),
                   let value = result.value else { return }
             for item in value["items"]?.elements ?? [] {
                 session.console.result(item.dumps())
@@ -114,7 +117,7 @@ struct Search: ParsableCommand {
             for query in unique {
                 guard let error = value["queries"]?[query]?["error"]?.stringValue else { continue }
                 let label = "search \(JSONRef.string(query))"
-                session.failed(label, mention: label, error)
+                session.failed(label, error)
             }
         }
         try session.run([{ engine, queue in

@@ -33,6 +33,7 @@ final class Session: Sendable {
             console.error(error.message)
             throw ExitCode(2)
         }
+        console.onWriteError { [engine] in _ = engine.cancelAll() }
         progress = Progress(console: console, visible: isatty(2) == 1 && !common.noProgress)
         let options = common.operationOptions(progress: progress.visible)
         for (key, value) in extraOptions { options.set(key, value) }
@@ -84,6 +85,12 @@ final class Session: Sendable {
             console.error("interrupted")
             throw ExitCode(130)
         }
+        let writeError = console.writeError
+        if writeError != 0 {
+            // What was left was cancelled: its results could not be written either.
+            console.error("cannot write the results to standard output: \(String(cString: strerror(writeError)))")
+            throw ExitCode(1)
+        }
         if failures.load(ordering: .sequentiallyConsistent) > 0
             || cancellations.load(ordering: .sequentiallyConsistent) > 0 {
             throw ExitCode(1)
@@ -93,16 +100,16 @@ final class Session: Sendable {
 
     /// Reports a failure on stderr and counts it. `message` is the engine's;
     /// `label` ("GET URL", "search \"q\"") is put in front unless the message
-    /// already names `mention`.
-    func failed(_ label: String, mention: String, _ message: String?) {
+    /// already begins with it.
+    func failed(_ label: String, _ message: String?) {
         failures.add(1, ordering: .sequentiallyConsistent)
         let text = message ?? "failed"
-        console.error(text.contains(mention) ? text : "\(label): \(text)")
+        console.error(text.hasPrefix(label) ? text : "\(label): \(text)")
     }
 
     /// Books the end of an operation whose result is `result`; true when it
     /// succeeded (the caller then prints its value).
-    func ended(_ result: OperationResult, label: String, mention: String, countsInProgress: Bool = true) -> Bool {
+    func ended(_ result: OperationResult, label: String, countsInProgress: Bool = true) -> Bool {
         if countsInProgress {
             progress.ended(result.id, bytes: Self.bytes(of: result), failed: result.outcome == .failed)
         }
@@ -110,7 +117,7 @@ final class Session: Sendable {
         case .succeeded:
             return true
         case .failed:
-            failed(label, mention: mention, result.message)
+            failed(label, result.message)
         case .cancelled:
             cancellations.add(1, ordering: .sequentiallyConsistent)
         }

@@ -351,7 +351,9 @@ def test_cache_option_is_passed_through(cli, server):
     (["search", "swift"], "--url"),
     (["search", "--url", "http://x/?q={query}"], "at least one query"),
     (["get", "--concurrency", "0", "http://x/"], "--concurrency"),
-    (["get", "--timeout", "-1", "http://x/"], "--timeout"),
+    (["get", "--timeout", "-1", "http://x/"], "--timeout must be between 0 and 86400 seconds, got -1"),
+    (["get", "--concurrency", "-1", "http://x/"], "--concurrency must be at least 1, got -1"),
+    (["get", "--retry", "-1", "http://x/"], "options.retry.max: -1 is out of range"),
     (["get", "--bogus", "http://x/"], "--bogus"),
     (["request", "--data", "a", "--json", "1", "http://x/"], "not both"),
     (["get", "-H", "no colon", "http://x/"], "Name: value"),
@@ -505,6 +507,139 @@ def test_ctrl_c_during_retry_wait(cli, server):
         lambda: stats(server)["by_path"].get("/flaky", 0) >= 2, "two attempts")
     assert code == 130 and out == b"" and err == b"fetchq: interrupted\n"
     assert took < 5
+
+
+# ---------------------------------------------------------------- review fixes
+
+
+def test_results_that_cannot_be_written_are_an_error(cli, server):
+    # A full disk, and a closed stdout (whose descriptor the engine's own
+    # descriptors must not take over): exit 1 with a message, not exit 0.
+    with open("/dev/full", "wb") as full:
+        r = subprocess.run([cli, "get", server + "/json?size=10", server + "/json?size=20"],
+                           stdout=full, stderr=subprocess.PIPE, timeout=60)
+    assert r.returncode == 1
+    assert r.stderr.decode() == "fetchq: cannot write the results to standard output: No space left on device\n"
+    r = subprocess.run(f"exec {cli} get {server}/json?size=10 >&-", shell=True, stderr=subprocess.PIPE, timeout=60)
+    assert r.returncode == 1
+    assert r.stderr.decode() == "fetchq: cannot write the results to standard output: Bad file descriptor\n"
+
+
+def test_arguments_that_are_not_utf8_are_refused(cli, server):
+    reset(server)
+    for args in (["request", "--data", b"caf\xe9", server + "/echo"],
+                 ["search", "--url", search_url(server), b"\xff"],
+                 ["get", "-H", b"X-A: \xfe", server + "/echo"]):
+        r = subprocess.run([cli, *args], capture_output=True, timeout=60)
+        assert r.returncode == 2, r.stderr
+        assert b"is not valid UTF-8" in r.stderr and r.stdout == b""
+    assert stats(server)["requests"] == 0
+
+
+def test_a_repeated_header_name_joins_its_values(cli, server):
+    r = run(cli, "get", "-H", "X-A: 1", "-H", "x-a: 2", "-H", "X-A: 3", "-H", "Cookie: a=1", "-H", "cookie: b=2",
+            server + "/echo")
+    assert r.returncode == 0, r.stderr
+    headers = lines(r.stdout)[0]["json"]["headers"]
+    assert headers["x-a"] == "1, 2, 3"
+    assert headers["cookie"] == "a=1; b=2"
+
+
+def test_a_json_body_is_sent_as_given(cli, server):
+    text = '{"price": 0.1, "n": 1e2,  "a": 1, "a": 2}'
+    r = run(cli, "request", "--json", text, server + "/echo")
+    assert r.returncode == 0, r.stderr
+    echo = lines(r.stdout)[0]["json"]
+    assert echo["body"] == text
+    assert echo["headers"]["content-type"] == "application/json"
+    r = run(cli, "request", "-H", "content-type: application/vnd.x+json", "--json", "[1]", server + "/echo")
+    assert lines(r.stdout)[0]["json"]["headers"]["content-type"] == "application/vnd.x+json"
+    # Valid JSON that jansson cannot check: refused, and the message says so.
+    r = run(cli, "request", "--json", '{"id": 18446744073709551615}', server + "/echo")
+    assert r.returncode == 2
+    assert b"valid JSON that jansson cannot check" in r.stderr and b"Usage: fetchq request" in r.stderr
+
+
+def test_parse_failures_name_the_method_and_what_was_wrong(cli, server, tmp_path):
+    r = run(cli, "request", "-X", "PUT", server + "/invalid-utf8")
+    assert r.returncode == 1
+    assert r.stderr.decode().startswith(f"fetchq: PUT {server}/invalid-utf8: the response is not valid JSON: ")
+
+    import http.server
+    class Big(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = b'{"id": 18446744073709551615}'
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        def log_message(self, *args):
+            pass
+    httpd = http.server.HTTPServer(("127.0.0.1", 0), Big)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}/big"
+        r = run(cli, "get", url)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert r.returncode == 1
+    assert r.stderr.decode().startswith(f"fetchq: GET {url}: the response is JSON that jansson cannot hold: ")
+
+
+def test_usage_errors_found_after_parsing_show_the_subcommands_usage(cli, tmp_path):
+    for args in (["request", "--json", "{bad", "http://x/"],
+                 ["request", "--data", f"@{tmp_path / 'missing'}", "http://x/"],
+                 ["get", "--input", str(tmp_path / "missing")]):
+        r = run(cli, *args)
+        assert r.returncode == 2
+        err = r.stderr.decode()
+        assert f"Usage: fetchq {args[0]} " in err and f"See 'fetchq {args[0]} --help'" in err, err
+
+
+def test_an_ignored_sigint_stays_ignored(cli, server):
+    # A background job of a shell starts with SIGINT ignored: Ctrl-C in the
+    # terminal is not for it.
+    reset(server)
+    proc = subprocess.Popen([cli, "get", server + "/delay?ms=400"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        wait_for(lambda: stats(server)["in_flight"] == 1, "the request in flight")
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert lines(out)[0]["json"] == {"delayed": 400}
+
+
+def test_input_reads_urls_and_queries_from_a_file_or_stdin(cli, server, tmp_path):
+    urls = tmp_path / "urls.txt"
+    urls.write_bytes(b"".join(f"{server}/json?size={n}\r\n".encode() for n in range(1, 2001)) + b"\n\n")
+    r = run(cli, "get", "--concurrency", "32", "--input", str(urls), server + "/json?size=0", timeout=120)
+    assert r.returncode == 0, r.stderr
+    got = sorted(l["url"] for l in lines(r.stdout))
+    assert got == sorted([f"{server}/json?size={n}" for n in range(0, 2001)])
+
+    r = run(cli, "search", "--url", search_url(server), "--results", "/results", "--input", "-",
+            input="swift\n\nrust\r\n".encode())
+    assert r.returncode == 0, r.stderr
+    assert sorted(l["query"] for l in lines(r.stdout)) == ["rust", "swift"]
+
+    r = run(cli, "request", "--input", "-", "--data", "@-", "http://x/")
+    assert r.returncode == 2 and b"both read standard input" in r.stderr
+    empty = tmp_path / "empty.txt"
+    empty.write_bytes(b"\n\r\n")
+    r = run(cli, "get", "--input", str(empty))
+    assert r.returncode == 2 and b"at least one URL" in r.stderr
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes(b"http://x/caf\xe9\n")
+    r = run(cli, "get", "--input", str(latin))
+    assert r.returncode == 2 and b"not UTF-8" in r.stderr
 
 
 # ---------------------------------------------------------------- progress bar
