@@ -39,7 +39,7 @@ def cli() -> str:
     path = os.environ.get("FETCHQ_CLI") or str(ROOT / ".build" / "debug" / "fetchq-cli")
     if not os.access(path, os.X_OK):
         pytest.fail(f"{path} not found: build it with `swift build --product fetchq-cli` or set FETCHQ_CLI")
-    return path
+    return os.path.abspath(path)  # the examples run it through a symlink in another directory
 
 
 @pytest.fixture(scope="module")

@@ -85,7 +85,8 @@ class Store:
     def items(self, collection: str, sort: Optional[str] = None,
               descending: bool = False) -> List[Any]:
         """Every item of ``collection``, sorted by the JSON Pointer ``sort``
-        (None: by id)."""
+        (None: by id), ascending or ``descending``, with a search's order
+        rules (numbers numerically, strings by code point)."""
         col = _ffi.encode_str(collection, "collection")
         srt = None if sort is None else _ffi.encode_str(sort, "sort")
         h = self._guard.enter()

@@ -26,6 +26,9 @@ def test_upsert_items_get_count(tmp_path: Any) -> None:
         with pytest.raises(TypeError):
             s.get("posts", 7)  # type: ignore[arg-type]
         assert [i["v"] for i in s.items("posts", sort="/v", descending=True)] == [3, 2, 1]
+        # By id with the search rules: numbers before strings, both ways.
+        assert [i["id"] for i in s.items("posts")] == [7, "a", "b"]
+        assert [i["id"] for i in s.items("posts", descending=True)] == ["b", "a", 7]
         assert s.upsert("posts", [{"id": "a", "v": 10}], merge="keep-local") == \
             {"inserted": 0, "updated": 0, "unchanged": 1, "skipped": 0}
         assert s.get("posts", "a") == {"id": "a", "v": 1}
