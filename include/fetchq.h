@@ -672,7 +672,9 @@ int fq_cancel_group(fq_engine *engine, const char *group);
 int fq_cancel_all(fq_engine *engine);
 
 /* Changes the priority of an operation that has not started (same values as
- * the "priority" option, as a number). FQ_ERR_STATE once it has started. */
+ * the "priority" option, as a number). FQ_ERR_STATE once it has started. An
+ * operation moved to another level joins it behind those already waiting
+ * there; moved back to its first level, it takes its old place again. */
 int fq_set_priority(fq_engine *engine, fq_op_id id, int priority);
 
 /* Makes `op` also wait for `dep` (like NSOperation's addDependency). `op`

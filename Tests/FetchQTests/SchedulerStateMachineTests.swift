@@ -545,6 +545,22 @@ import Testing
         #expect(e.status == .state)
     }
 
+    /// As fetchq.h says: a moved operation joins its new level behind those
+    /// waiting there, and moved back to its first level it takes its old place.
+    @Test func setPriorityJoinsTheBackOfTheNewLevel() {
+        var m = Machine()
+        let q = m.addQueue(name: "q", maxConcurrent: 1)
+        _ = m.setSuspended(q, true, now: 0)
+        let ids = (0..<4).map { _ in submit(&m, q).0 }
+        _ = try! m.setPriority(ids[2], .high, now: 0).get()
+        _ = try! m.setPriority(ids[0], .high, now: 0).get()  // behind ids[2]
+        _ = try! m.setPriority(ids[1], .low, now: 0).get()
+        _ = try! m.setPriority(ids[1], .normal, now: 0).get()  // back: before ids[3] again
+        var run = started(m.setSuspended(q, false, now: 0))
+        for i in 0..<3 { run += started(m.finished(run[i], .succeeded, payload: nil, now: 0)) }
+        #expect(run == [ids[2], ids[0], ids[1], ids[3]])
+    }
+
     @Test func maxConcurrentAndSuspensionChangesTakeEffect() {
         var m = Machine()
         let q = m.addQueue(name: "q", maxConcurrent: 1)
