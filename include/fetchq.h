@@ -726,7 +726,10 @@ void fq_result_release(const fq_result *result);
  * search option "store" writes. WAL journal, synchronous=FULL: a crash never
  * loses a committed response. Ids are compared as JSON values ("1" and 1
  * differ). One store object per file is shared inside the process; every
- * function is safe from any thread. */
+ * function is safe from any thread. When the file at a path was deleted or
+ * replaced since it was opened, the next fq_store_open (and the next search
+ * with "store") opens the file there now, creating it if needed; handles to
+ * the old one still write to it. */
 
 /* Opens (creating if needed) the store at `path`. NULL on error, with a
  * message in errbuf (if not NULL) and fq_last_error(). */

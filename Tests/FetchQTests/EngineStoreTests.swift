@@ -88,6 +88,24 @@ import Testing
         reopened.close()
     }
 
+    /// The engine keeps its stores open; a search after the file was deleted
+    /// stores into a new file at the path, not into the deleted one.
+    @Test func aSearchAfterTheStoreFileWasDeletedWritesANewFile() throws {
+        defer { cleanUp() }
+        let path = directory + "/c.db"
+        let expected = try corpusIDs(tag: "rust")
+        try withEngine(config) { engine, queue, c in
+            let options = #"{"store": {"path": "\#(path)", "collection": "posts"}}"#
+            let first = try #require(c.wait(try engine.search("rust", options: options, on: queue, c)))
+            #expect(first.value?.at("/store/inserted")?.integerValue == Int64(expected.count))
+            for suffix in ["", "-wal", "-shm"] { unlink(path + suffix) }
+            let second = try #require(c.wait(try engine.search("rust", options: options, on: queue, c)))
+            #expect(second.value?.at("/store/inserted")?.integerValue == Int64(expected.count))
+            #expect(access(path, F_OK) == 0)
+            #expect(try ItemStore(path: path).count(collection: "posts") == expected.count)
+        }
+    }
+
     /// Results the store cannot take (not objects) are the store's failure,
     /// FQ_ERR_STORE, not FQ_ERR_INVALID (which says the caller erred).
     @Test func resultsThatAreNotObjectsAreAStoreFailure() throws {

@@ -399,6 +399,26 @@ func storeTexts(_ array: JSONRef) -> [String] {
         }
     }
 
+    /// A file deleted (or replaced) while open: the path names another file
+    /// now, and shared() opens that one, so that writes land in a file
+    /// that exists (they went to the deleted one, reported as stored).
+    @Test func sharedOpensTheFileThePathNamesNow() throws {
+        try withStoreDirectory { dir in
+            let path = dir.file("s.db")
+            let old = try ItemStore.shared(path: path)
+            _ = try old.upsert(collection: "c", items: storeJSON(#"[{"id":1}]"#), idPointer: idPointer, merge: .overwrite)
+            for suffix in ["", "-wal", "-shm"] { unlink(path + suffix) }
+            let now = try ItemStore.shared(path: path)
+            #expect(now !== old && !old.isClosed)  // the old holder keeps its instance
+            _ = try now.upsert(collection: "c", items: storeJSON(#"[{"id":2}]"#), idPointer: idPointer, merge: .overwrite)
+            #expect(dir.exists("s.db"))
+            #expect(try ItemStore(path: path).count(collection: "c") == 1)
+            #expect(try ItemStore.shared(path: path) === now)  // the same file: the same instance
+            old.close()
+            now.close()
+        }
+    }
+
     @Test func sharedRegistryDoesNotKeepStoresAlive() throws {
         try withStoreDirectory { dir in
             weak var weakStore: ItemStore?

@@ -97,6 +97,23 @@ public final class ItemStore: Sendable {
     /// The key under which ``shared(path:)`` registered this instance, if it did.
     private let registryKey: String?
 
+    /// The file this instance opened (device, inode), to tell when the path
+    /// names another file since (deleted, or replaced): nil if unknown.
+    private let file: FileIdentity?
+
+    struct FileIdentity: Equatable, Sendable {
+        let device: UInt64
+        let inode: UInt64
+
+        /// The file `path` names now, or nil (none, or stat failed).
+        init?(path: String) {
+            var info = stat()
+            guard stat(path, &info) == 0 else { return nil }
+            device = UInt64(info.st_dev)
+            inode = UInt64(info.st_ino)
+        }
+    }
+
     /// Opens the store at `path`, creating the file and the schema if needed.
     ///
     /// Throws `.invalid` for an empty path and `.store` when the file cannot be opened,
@@ -123,6 +140,7 @@ public final class ItemStore: Sendable {
         self.path = path
         self.registryKey = registryKey
         self.connection = Locked(opened)
+        self.file = FileIdentity(path: path)
     }
 
     /// Closes the connection (idempotent). Later calls on this instance throw `.state`.
@@ -286,12 +304,17 @@ public final class ItemStore: Sendable {
     /// same instance: the key is the `realpath` of the file, or of its directory when the
     /// file does not exist yet. The registry holds instances weakly: an instance stays
     /// shared while someone holds it (the engine, for its lifetime), and is closed when the
-    /// last holder drops it. Throws like ``init(path:)``, and `.store` if the directory does
-    /// not exist.
+    /// last holder drops it. When the file at `path` is no longer the one the instance
+    /// opened (it was deleted, or replaced by another), a new instance opens what is there
+    /// now (creating it if needed); holders of the old one keep it. Throws like
+    /// ``init(path:)``, and `.store` if the directory does not exist.
     public static func shared(path: String) throws(FetchQError) -> ItemStore {
         let key = try canonicalPath(path)
         return try registry.withLock { (entries) throws(FetchQError) -> ItemStore in
-            if let existing = entries[key]?.store, !existing.isClosed { return existing }
+            if let existing = entries[key]?.store, !existing.isClosed,
+               let opened = existing.file, opened == FileIdentity(path: key) {
+                return existing
+            }
             // Opening under the registry lock makes "one instance per file" exact.
             let store = try ItemStore(path: key, registryKey: key, busyTimeoutMilliseconds: 5000)
             entries = entries.filter { $0.value.store != nil }
