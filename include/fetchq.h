@@ -209,7 +209,10 @@ typedef void (*fq_async_fn)(fq_op *op, void *userdata);
  *                   ran no-op operations faster than 2 (1.3 M against 1.1 M
  *                   per second on 2 cores; bench/findings.md, "Tenth round")
  *   "transfer_threads" threads running network transfers, each with its own
- *                   libcurl connections (1..16, default 2). A transfer thread
+ *                   libcurl connections (1..16, default 2). Connections are
+ *                   opened close-on-exec, so a child the application spawns
+ *                   does not hold them open (libcurl 7.88's own wake-up
+ *                   socket pair, one per transfer thread, is not). A transfer thread
  *                   ends the operations whose responses it received itself —
  *                   parses the body, starts what that unblocks — unless the
  *                   body is larger than 64 KiB or the result is written to

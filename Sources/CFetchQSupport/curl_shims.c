@@ -3,6 +3,7 @@
 #include "fq_curl.h"
 
 #include <pthread.h>
+#include <sys/socket.h>
 #include <string.h>
 
 CURLcode fqc_easy_setopt_long(CURL *easy, CURLoption option, long value) {
@@ -59,6 +60,16 @@ CURLcode fqc_easy_getinfo_pointer(CURL *easy, CURLINFO info, void **out) {
     if (rc == CURLE_OK)
         *out = value;
     return rc;
+}
+
+static curl_socket_t open_cloexec(void *clientp, curlsocktype purpose, struct curl_sockaddr *address) {
+    (void)clientp;
+    (void)purpose;
+    return socket(address->family, address->socktype | SOCK_CLOEXEC, address->protocol);
+}
+
+CURLcode fqc_easy_cloexec_sockets(CURL *easy) {
+    return curl_easy_setopt(easy, CURLOPT_OPENSOCKETFUNCTION, open_cloexec);
 }
 
 CURLMcode fqc_multi_setopt_long(CURLM *multi, CURLMoption option, long value) {

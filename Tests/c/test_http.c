@@ -13,6 +13,8 @@
 #endif
 #include <ctype.h>
 #include <dirent.h>
+#include <fcntl.h>
+#include <sys/socket.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,6 +90,35 @@ static void expect(const netrec *n, int outcome, int status, const char *what) {
 }
 
 /* ------------------------------------------------------------------ */
+
+/* The engine's connections are close-on-exec: a child the application
+ * spawns does not inherit them (and keep them open on the server after the
+ * engine closed them). Checked on a kept-alive connection after a GET. */
+TEST(http_connections_are_close_on_exec) {
+    fqt_server s;
+    fqt_server_start(&s, NULL);
+    fq_engine *e = fqt_engine(NULL);
+    fq_queue *q = fqt_queue(e, "q", 1);
+    char url[256];
+    snprintf(url, sizeof url, "%s/json?size=10", s.base);
+    netrec n;
+    fetch(e, q, NULL, url, NULL, &n);
+    expect(&n, FQ_SUCCEEDED, FQ_OK, "GET");
+    int inet = 0;
+    for (int fd = 3; fd < 4096; fd++) {
+        int flags = fcntl(fd, F_GETFD);
+        int domain = 0;
+        socklen_t len = sizeof domain;
+        if (flags < 0 || getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &len) != 0) continue;
+        if (domain != AF_INET && domain != AF_INET6) continue;
+        inet++;
+        if (!(flags & FD_CLOEXEC)) FAILF("fd %d (an IP socket) is not close-on-exec", fd);
+    }
+    CHECK(inet >= 1); /* the kept-alive connection (and the test server's own, if any) */
+    netrec_clear(&n);
+    fqt_engine_free(e);
+    fqt_server_stop(&s);
+}
 
 TEST(http_methods_headers_query_echo) {
     fqt_server s;

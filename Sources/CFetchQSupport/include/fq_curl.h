@@ -39,6 +39,11 @@ CURLcode fqc_easy_getinfo_string(CURL *easy, CURLINFO info, const char **out);
 /* CURLINFO_PRIVATE. */
 CURLcode fqc_easy_getinfo_pointer(CURL *easy, CURLINFO info, void **out);
 
+/* Makes every socket the easy handle opens close-on-exec (SOCK_CLOEXEC, set
+ * atomically at socket()), so that a child the application spawns does not
+ * inherit the engine's connections and keep them open. */
+CURLcode fqc_easy_cloexec_sockets(CURL *easy);
+
 /* curl_multi_setopt, by argument type. */
 CURLMcode fqc_multi_setopt_long(CURLM *multi, CURLMoption option, long value);
 CURLMcode fqc_multi_setopt_pointer(CURLM *multi, CURLMoption option, void *value);

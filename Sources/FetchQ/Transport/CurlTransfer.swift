@@ -146,6 +146,7 @@ final class CurlTransfer: @unchecked Sendable {
 
         // Plumbing.
         long(CURLOPT_NOSIGNAL, 1, "NOSIGNAL")
+        check(fqc_easy_cloexec_sockets(easy), "OPENSOCKETFUNCTION")
         check(fqc_easy_setopt_pointer(easy, CURLOPT_PRIVATE, me), "PRIVATE")
         errorBuffer[0] = 0
         check(fqc_easy_setopt_pointer(easy, CURLOPT_ERRORBUFFER, errorBuffer), "ERRORBUFFER")
