@@ -47,7 +47,7 @@ import Testing
 
     /// Runs `body` on a new thread whose release list is `list` (as a worker's).
     func onOwner(_ list: ReleaseList, _ body: @escaping @Sendable () -> Void) {
-        joinThread(startThread(name: "release-test") {
+        joinThread(try! startThread(name: "release-test") {
             list.makeCurrent()
             body()
         })
@@ -215,7 +215,7 @@ import Testing
         let list = ReleaseList()
         let watches = TestCollector<Watch>()
         let stop = Atomic<Bool>(false)
-        let owner = startThread(name: "release-owner") {
+        let owner = try! startThread(name: "release-owner") {
             list.makeCurrent()
             var round = 0
             while !stop.load(ordering: .acquiring) && round < 10_000_000 {

@@ -242,7 +242,7 @@ import Testing
             let callbackRuns = entered.load(ordering: .acquiring)
             try #require(callbackRuns)
             let status = Atomic<Int>(-1), callbacksAtReturn = Atomic<Int>(-1)
-            let waiter = startThread(name: "waiter") {
+            let waiter = try startThread(name: "waiter") {
                 let rc = engine.waitIdle(timeoutMs: 20_000)
                 callbacksAtReturn.store(c.count, ordering: .relaxed)
                 status.store(Int(rc.rawValue), ordering: .releasing)

@@ -14,6 +14,7 @@
 #include <limits.h>
 #include <poll.h>
 #include <stdio.h>
+#include <sys/resource.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -358,6 +359,51 @@ TEST(misuse_strings_that_are_not_utf8) {
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     CHECK(system(cmd) == 0);
     fqt_engine_free(e);
+}
+
+/* When the system refuses a thread (here: too little address space for
+ * another thread's stack), fq_engine_new returns NULL with a message; it
+ * used to stop the process (SIGILL). What was started is stopped, and an
+ * engine can be made again once there is room. It cannot run under ASan,
+ * whose shadow memory needs far more address space than the limit set here:
+ * tools/check-sanitizers.sh leaves it out there (ASAN_SKIP) and says so. */
+TEST(misuse_engine_new_when_no_thread_can_start) {
+#if defined(__SANITIZE_ADDRESS__)
+    FAILF("cannot run under ASan (RLIMIT_AS would stop ASan itself): leave it out");
+#else
+    struct rlimit old;
+    REQUIRE(getrlimit(RLIMIT_AS, &old) == 0);
+    long pages = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    REQUIRE(f != NULL && fscanf(f, "%ld", &pages) == 1);
+    fclose(f);
+    struct rlimit low = old;
+    low.rlim_cur = (rlim_t)pages * (rlim_t)sysconf(_SC_PAGESIZE) + ((rlim_t)96 << 20);
+    REQUIRE(setrlimit(RLIMIT_AS, &low) == 0);
+    fq_engine *engines[64];
+    int made = 0;
+    char err[256] = "";
+    while (made < 64) {
+        fq_engine *e = fq_engine_new(NULL, err, sizeof err);
+        if (!e) break;
+        engines[made++] = e;
+    }
+    REQUIRE(setrlimit(RLIMIT_AS, &old) == 0);
+    h_note("%d engines made within the limit", made);
+    CHECK(made < 64);
+    CHECK_CONTAINS(err, "pthread_create failed");
+    CHECK_CONTAINS(fq_last_error(), "pthread_create failed");
+    for (int i = 0; i < made; i++) CHECK_OK(fq_engine_free(engines[i]));
+    fq_engine *again = fq_engine_new(NULL, err, sizeof err);
+    REQUIRE(again != NULL);
+    fq_queue *q = fq_queue_new(again, "q", 1);
+    rec r = {0};
+    CHECK(fq_submit_block(q, body_tag, NULL, rec_done, &r) > 0);
+    CHECK_OK(fq_engine_wait_idle(again, FQT_LONG_MS));
+    CHECK_EQ_INT(r.outcome, FQ_SUCCEEDED);
+    rec_clear(&r);
+    CHECK_OK(fq_engine_free(again));
+#endif
 }
 
 /* ----------------------------------------------- unknown and finished ids */

@@ -76,9 +76,9 @@ final class Delivery: @unchecked Sendable {
     /// Starts the delivery thread (thread and inline modes). `owner` is
     /// recorded as the current engine of the threads running callbacks (see
     /// fq_support.h). Called once, before anything is posted.
-    func start(owner: UnsafeRawPointer) {
+    func start(owner: UnsafeRawPointer) throws(FetchQError) {
         self.owner = UInt(bitPattern: owner)
-        if mode != .poll { thread = startThread(name: "fetchq-deliver") { [self] in run() } }
+        if mode != .poll { thread = try startThread(name: "fetchq-deliver") { [self] in run() } }
     }
 
     deinit {

@@ -104,9 +104,17 @@ public final class Engine: @unchecked Sendable {
         }
         workers = WorkerPool(count: config.workers)
         let owner = selfPointer
-        delivery.start(owner: owner)
-        workers.start(owner: owner)
-        timer = DeadlineTimer { [unowned self] in expireDeadlines() }
+        // A thread the system refuses (its limits): what was started stops,
+        // and fq_engine_new returns NULL with the message.
+        try delivery.start(owner: owner)
+        do {
+            try workers.start(owner: owner)
+            timer = try DeadlineTimer { [unowned self] in expireDeadlines() }
+        } catch {
+            workers.stop()
+            delivery.stop()
+            throw error
+        }
         logger.info("engine started", metadata: ["workers": "\(config.workers)", "delivery": "\(config.delivery)"])
     }
 

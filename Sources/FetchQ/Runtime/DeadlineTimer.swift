@@ -12,8 +12,8 @@ final class DeadlineTimer: @unchecked Sendable {
     private var stopping = false
     private var thread: pthread_t?
 
-    init(fire: @escaping @Sendable () -> UInt64?) {
-        thread = startThread(name: "fetchq-timer") { [self] in
+    init(fire: @escaping @Sendable () -> UInt64?) throws(FetchQError) {
+        thread = try startThread(name: "fetchq-timer") { [self] in
             var next: UInt64? = nil
             while true {
                 lock.lock()

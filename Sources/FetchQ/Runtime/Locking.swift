@@ -70,8 +70,9 @@ func deadline(afterMs timeoutMs: Int) -> UInt64? {
 }
 
 /// Starts a detached-from-Swift pthread running `body`; returns its handle
-/// for joining.
-func startThread(name: String, _ body: @escaping @Sendable () -> Void) -> pthread_t {
+/// for joining. Throws `.noMemory` when the system refuses a thread (its
+/// limit on threads or processes, or on memory for the stack).
+func startThread(name: String, _ body: @escaping @Sendable () -> Void) throws(FetchQError) -> pthread_t {
     final class Box: @unchecked Sendable {  // handed to exactly one thread
         let body: @Sendable () -> Void
         let name: String
@@ -86,7 +87,11 @@ func startThread(name: String, _ body: @escaping @Sendable () -> Void) -> pthrea
         box.body()
         return nil
     }, box)
-    precondition(rc == 0, "pthread_create failed: \(rc)")
+    guard rc == 0 else {
+        Unmanaged<AnyObject>.fromOpaque(box).release()
+        throw FetchQError(.noMemory, "cannot start the engine's thread \(name): pthread_create failed: "
+                          + String(cString: strerror(rc)))
+    }
     return tid
 }
 

@@ -49,15 +49,21 @@ final class WorkerPool: @unchecked Sendable {
     }
 
     /// Starts the threads; `owner` is recorded as their current engine (see
-    /// fq_support.h). Called once.
-    func start(owner: UnsafeRawPointer) {
+    /// fq_support.h). Called once. When one cannot be started, those that
+    /// were are stopped, and the error is thrown.
+    func start(owner: UnsafeRawPointer) throws(FetchQError) {
         let ownerBits = UInt(bitPattern: owner)
         for index in releaseLists.indices {
-            threads.append(startThread(name: "fetchq-work-\(index)") { [self] in
-                fqs_set_current_engine(UnsafeRawPointer(bitPattern: ownerBits))
-                releaseLists[index].makeCurrent()
-                run(releaseLists[index])
-            })
+            do {
+                threads.append(try startThread(name: "fetchq-work-\(index)") { [self] in
+                    fqs_set_current_engine(UnsafeRawPointer(bitPattern: ownerBits))
+                    releaseLists[index].makeCurrent()
+                    run(releaseLists[index])
+                })
+            } catch {
+                stop()
+                throw error
+            }
         }
     }
 
