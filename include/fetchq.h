@@ -571,7 +571,7 @@ fq_op_id fq_submit_search(fq_queue *queue, const char *query, const json_t *opti
  *                  each child ends, before the parent's callback.
  * "barrier" is not supported (FQ_ERR_INVALID). n must be >= 1; `queries`
  * NULL or holding a NULL is FQ_ERR_INVALID. In fq_engine_stats a search-all
- * counts as n + 1 operations. */
+ * counts as one operation per distinct query plus one (the parent). */
 fq_op_id fq_submit_search_all(fq_queue *queue, const char *const *queries, size_t n,
                               const json_t *options, fq_completion_fn done, void *userdata);
 
@@ -793,7 +793,10 @@ const unsigned char *fq_result_body(const fq_result *result, size_t *len);
 const unsigned char *fq_result_marshal(const fq_result *result, size_t *len);
 /* Timing and size: {"queue_wait_ms", "connect_ms", "first_byte_ms",
  * "total_ms" (numbers), "bytes", "redirects", "attempts" (integers),
- * "http_version" (string), "reused_connection", "from_cache" (booleans)}. */
+ * "http_version" (string), "reused_connection", "from_cache" (booleans)}.
+ * For a transfer that failed, what was measured before it failed (a timeout's
+ * "total_ms", the "redirects" followed; "http_version" "" when no response
+ * arrived); zeros for what never started. */
 json_t *fq_result_metrics(const fq_result *result);
 /* true when the response came from the HTTP cache (fresh, or revalidated
  * by a 304): then the body and value are the cached ones. */

@@ -245,6 +245,23 @@ import Testing
         let logged = lines.withLock { $0 }
         #expect(logged.contains { $0.hasPrefix("info operation failed") && $0.contains("status=http") })
         #expect(logged.contains { $0.hasPrefix("info engine shutting down") })
+        // Every failure is logged whatever the delivery mode (inline mode
+        // returned before its line).
+        for mode in ["thread", "inline", "poll"] {
+            let failures = Mutex<Int>(0)
+            try withEngine(#"{"log": "info", "delivery": "\#(mode)"}"#) { engine, queue, c in
+                engine.setLogCallback { _, line in
+                    if line.hasPrefix("operation failed") { failures.withLock { $0 += 1 } }
+                }
+                for _ in 0..<3 {
+                    let id = try engine.request(#"{"url": "\#(server.url("/status/503"))"}"#, on: queue, c)
+                    if mode == "poll" { _ = engine.waitIdle(timeoutMs: 5000) }
+                    _ = c.wait(id)
+                }
+                #expect(engine.waitIdle(timeoutMs: 5000) == .ok)
+            }
+            #expect(failures.withLock { $0 } == 3, "\(mode)")
+        }
         // Above the level: nothing.
         let quiet = Mutex<Int>(0)
         try withEngine(#"{"log": "error"}"#) { engine, queue, c in

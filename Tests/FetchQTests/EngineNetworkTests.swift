@@ -373,6 +373,31 @@ import Testing
         }
     }
 
+    /// A failed transfer's metrics have every documented key, with what
+    /// curl measured before the failure (they were zeros, without
+    /// "from_cache").
+    @Test func metricsOfAFailedTransferSayWhatHappened() throws {
+        try withEngine { engine, queue, c in
+            let slow = try engine.request(#"{"url": "\#(server.url("/delay?ms=3000"))"}"#,
+                                          options: #"{"timeout_ms": 300}"#, on: queue, c)
+            let loop = try engine.request(#"{"url": "\#(server.url("/redirect-loop"))"}"#,
+                                          options: #"{"max_redirects": 3}"#, on: queue, c)
+            let r = try #require(c.wait(slow))
+            #expect(r.status == .timeout)
+            let m = try #require(r.http?.metrics)
+            for key in ["queue_wait_ms", "connect_ms", "first_byte_ms", "total_ms", "bytes", "redirects", "attempts",
+                        "http_version", "reused_connection", "from_cache"] {
+                #expect(m[key] != nil, "\(key)")
+            }
+            #expect((m["total_ms"]?.doubleValue ?? 0) >= 250, "\(m.dumps())")
+            #expect(m["from_cache"]?.boolValue == false)
+            let l = try #require(c.wait(loop))
+            #expect(l.status == .redirect)
+            #expect(l.http?.metrics?["redirects"]?.integerValue == 3, "\(l.http?.metrics?.dumps() ?? "")")
+            #expect((l.http?.metrics?["total_ms"]?.doubleValue ?? 0) > 0)
+        }
+    }
+
     @Test func jsonTestSuiteOverHTTP() throws {
         let dir = try JSONSuiteFiles.directory()
         let files = try JSONSuiteFiles.names()

@@ -803,14 +803,14 @@ public final class Engine: @unchecked Sendable {
         unlockEngine()
         withExtendedLifetime(dropped) {}  // freed here, not under the lock
         if !callers.isEmpty { endCallers(callers, result) }
+        if result.outcome == .failed {
+            logger.info("operation failed", metadata: ["id": "\(op.id)", "status": "\(result.status)", "error": "\(result.message ?? "")"])
+        }
         if !inlineBatch.isEmpty {
             // Start what this end unblocked before running the callbacks.
             let next = execute(work, pickup: pickup, selfPickup: onWorker)
             delivery.runInline(inlineBatch)
             return next
-        }
-        if result.outcome == .failed {
-            logger.info("operation failed", metadata: ["id": "\(op.id)", "status": "\(result.status)", "error": "\(result.message ?? "")"])
         }
         return execute(work, pickup: pickup, selfPickup: onWorker)
     }

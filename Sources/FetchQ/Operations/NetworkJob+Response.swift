@@ -32,9 +32,11 @@ public struct HTTPInfo: Sendable {
     /// value on every call.
     var parsedBody: JSONRef? { lazyValueDepth.flatMap { details.parsedBody(maxDepth: $0) } }
 
-    /// A transfer that produced no response: metrics only.
-    init(queueWaitMs: Double, attempts: Int) {
-        details = HTTPDetails(response: nil, queueWaitMs: queueWaitMs, attempts: attempts, fromCache: false)
+    /// A transfer that produced no response: metrics only (what curl
+    /// measured before it failed, if it ran).
+    init(queueWaitMs: Double, attempts: Int, measured: TransferMetrics? = nil) {
+        details = HTTPDetails(response: nil, queueWaitMs: queueWaitMs, attempts: attempts, fromCache: false,
+                              measured: measured)
     }
 
     /// `marshal`: a buffer from `fqs_json_marshal` (malloc'd), now owned
@@ -102,7 +104,7 @@ final class HTTPDetails: Sendable {
     private let builtMetrics = Atomic<UInt>(0)
 
     init(response: HTTPResponse?, queueWaitMs: Double, attempts: Int, fromCache: Bool,
-         marshal: UnsafeMutableBufferPointer<UInt8>? = nil) {
+         marshal: UnsafeMutableBufferPointer<UInt8>? = nil, measured: TransferMetrics? = nil) {
         headerList = response?.headers
         self.marshal = marshal
         let body = response?.body ?? []
@@ -118,7 +120,7 @@ final class HTTPDetails: Sendable {
             storage = copy
             largeBody = []
         }
-        transfer = response?.metrics
+        transfer = response?.metrics ?? measured
         self.queueWaitMs = queueWaitMs
         self.attempts = attempts
         self.fromCache = fromCache
@@ -168,8 +170,7 @@ final class HTTPDetails: Sendable {
     var metrics: JSONRef? {
         JSONRef.published(in: builtMetrics) {
             let m = NetworkJob.metrics(transfer, queueWaitMs: queueWaitMs, attempts: attempts)
-            // Only results with a response say where it came from.
-            if headerList != nil { m.set("from_cache", JSONRef.bool(fromCache)) }
+            m.set("from_cache", JSONRef.bool(fromCache))
             return m
         }
     }
@@ -208,7 +209,7 @@ extension NetworkJob {
                 historyForm makesForm: Bool) -> OperationResult {
         switch outcome {
         case .failure(let error):
-            let info = HTTPInfo(queueWaitMs: queueWaitMs, attempts: attempts)
+            let info = HTTPInfo(queueWaitMs: queueWaitMs, attempts: attempts, measured: error.metrics)
             if cancelled || error.kind == .cancelled {
                 return OperationResult(id: id, outcome: .cancelled, status: .cancelled,
                                        message: "operation \(id) was cancelled", value: nil, http: info)

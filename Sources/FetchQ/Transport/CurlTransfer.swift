@@ -362,7 +362,9 @@ final class CurlTransfer: @unchecked Sendable {
                     ? ", at \(Self.redacted(String(cString: at!)))" : ""
                 message += " after \(redirects) redirect\(redirects == 1 ? "" : "s")\(place)"
             }
-            return .failure(TransportError(kind: kind, message: message, curlCode: Int(code.rawValue)))
+            var error = TransportError(kind: kind, message: message, curlCode: Int(code.rawValue))
+            error.metrics = metrics(easy, redirects: redirects)
+            return .failure(error)
         }
         var status = 0
         getLong(easy, CURLINFO_RESPONSE_CODE) { status = $0 }
@@ -371,6 +373,17 @@ final class CurlTransfer: @unchecked Sendable {
         if fqc_easy_getinfo_string(easy, CURLINFO_EFFECTIVE_URL, &cString) == CURLE_OK, let cString {
             effectiveURL = String(cString: cString)
         }
+        let response = HTTPResponse(
+            status: status, headers: headers, body: body, effectiveURL: effectiveURL,
+            metrics: metrics(easy, redirects: redirects))
+        headers = []
+        body = []
+        return .success(response)
+    }
+
+    /// What curl measured of this transfer (across the hops it followed
+    /// itself and those before, `earlierHopsMs`), also for one that failed.
+    private func metrics(_ easy: UnsafeMutableRawPointer, redirects: Int) -> TransferMetrics {
         var metrics = TransferMetrics()
         metrics.connectMs = microseconds(easy, CURLINFO_CONNECT_TIME_T) / 1000
         metrics.firstByteMs = microseconds(easy, CURLINFO_STARTTRANSFER_TIME_T) / 1000
@@ -388,11 +401,7 @@ final class CurlTransfer: @unchecked Sendable {
         }
         // NUM_CONNECTS counts the new connections this transfer made (0 = reused).
         getLong(easy, CURLINFO_NUM_CONNECTS) { metrics.reusedConnection = $0 == 0 }
-        let response = HTTPResponse(
-            status: status, headers: headers, body: body, effectiveURL: effectiveURL, metrics: metrics)
-        headers = []
-        body = []
-        return .success(response)
+        return metrics
     }
 
     // MARK: - Redirects followed here (loop thread)

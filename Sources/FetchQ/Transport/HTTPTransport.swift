@@ -117,6 +117,9 @@ package struct TransportError: Error, Sendable, CustomStringConvertible {
     package var message: String
     /// The CURLcode, or 0 when curl was not involved (cancelled, rejected before start).
     package var curlCode: Int
+    /// What curl measured before the failure (times, bytes, redirects), when
+    /// curl ran the transfer; nil otherwise.
+    package var metrics: TransferMetrics? = nil
 
     package init(kind: Kind, message: String, curlCode: Int = 0) {
         self.kind = kind
