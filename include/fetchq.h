@@ -568,7 +568,9 @@ fq_op_id fq_submit_search(fq_queue *queue, const char *query, const json_t *opti
  *                  parent ends FQ_FAILED with that query's status (default
  *                  false: a failing query gives a partial result);
  *   "child_events" true: an FQ_EVENT_CHILD event (fq_engine_set_event_fn) as
- *                  each child ends, before the parent's callback.
+ *                  each child ends, before the parent's callback; when the
+ *                  parent is cancelled, each child not ended yet gets its
+ *                  event then, as cancelled (one event per child).
  * "barrier" is not supported (FQ_ERR_INVALID). n must be >= 1; `queries`
  * NULL or holding a NULL is FQ_ERR_INVALID. In fq_engine_stats a search-all
  * counts as one operation per distinct query plus one (the parent). */

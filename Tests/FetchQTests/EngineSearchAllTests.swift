@@ -120,6 +120,14 @@ import Testing
             #expect(stats.at("/cancelled")?.integerValue == 5)
             #expect(stats.at("/succeeded")?.integerValue == 0)
             #expect(c.count == 1)
+            // Every child's event (cancelled), once each, before the parent's callback.
+            let events = c.allEvents.filter { $0.kind == .child && $0.id == id }
+            #expect(events.count == 4)
+            #expect(Set(events.compactMap(\.query)) == ["__slow", "swift", "c", "go"])
+            #expect(events.allSatisfy { $0.child?.outcome == .cancelled })
+            let log = c.deliveryLog
+            let done = try #require(log.firstIndex(of: "done \(id)"))
+            #expect(log.lastIndex(of: "event \(id)").map { $0 < done } == true)
         }
     }
 

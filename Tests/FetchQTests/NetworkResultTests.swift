@@ -55,11 +55,21 @@ import Testing
         #expect(info.body.isEmpty)
         #expect(info.bodyBytes == nil)
         let metrics = try #require(info.metrics)
+        // Every documented key, "from_cache" included.
         #expect(metrics.dumps() == """
             {"queue_wait_ms":1.25,"connect_ms":0.0,"first_byte_ms":0.0,"total_ms":0.0,"bytes":0,"redirects":0,\
-            "http_version":"","reused_connection":false,"attempts":3}
+            "http_version":"","reused_connection":false,"attempts":3,"from_cache":false}
             """)
-        #expect(metrics.dumps() == NetworkJob.metrics(nil, queueWaitMs: 1.25, attempts: 3).dumps())
+        // What curl measured before the transfer failed.
+        var measured = TransferMetrics()
+        measured.connectMs = 0.5
+        measured.totalMs = 300.25
+        measured.redirects = 2
+        let failed = HTTPInfo(queueWaitMs: 0, attempts: 1, measured: measured)
+        #expect(failed.metrics?.dumps() == """
+            {"queue_wait_ms":0.0,"connect_ms":0.5,"first_byte_ms":0.0,"total_ms":300.25,"bytes":0,"redirects":2,\
+            "http_version":"","reused_connection":false,"attempts":1,"from_cache":false}
+            """)
     }
 
     @Test func bodyBytesAreACopyAtOneAddress() throws {

@@ -425,8 +425,10 @@ public final class Engine: @unchecked Sendable {
                     actions += leaderEnded(shared, outcome, status, reason, &work)
                 }
                 let result = OperationResult(id: id, outcome: outcome, status: status, reason: reason)
+                // A family's child events are posted before the parent's callback.
+                let familyActions = op.family != nil ? familyEnded(op, result, &work) : []
                 post(result, of: op)
-                if op.family != nil { actions += familyEnded(op, result, &work) }
+                actions += familyActions
             case .cancelRunning(let id):
                 guard let op = machine.owner(of: id) else { continue }
                 op.markCancelled()
@@ -609,16 +611,30 @@ public final class Engine: @unchecked Sendable {
         return machine.finished(caller.id, outcome, payload: result, now: monotonicNanos())
     }
 
-    /// With the lock held, when an operation of a search-all family ended:
-    /// the child event, and the cancellations the family implies (a cancelled
-    /// parent cancels its children; with fail_fast a failed child cancels its
-    /// siblings). Returns the actions of those cancellations.
+    /// With the lock held, when an operation of a search-all family ended
+    /// (called before its own callback is posted): the child event, and the
+    /// cancellations the family implies (a cancelled parent cancels its
+    /// children; with fail_fast a failed child cancels its siblings). Returns
+    /// the actions of those cancellations. A cancelled parent's children that
+    /// have not ended get their events now, as cancelled: their ends come
+    /// after the parent's callback, which is after every child event.
     func familyEnded(_ op: Operation, _ result: OperationResult, _ work: inout [Work]) -> [Machine.Action] {
         guard let family = op.family else { return [] }
         var cancels: [OpID] = []
         if op.id == family.parent {
+            if result.outcome == .cancelled {
+                cancels = family.children
+                if family.childEvents && !family.parentEnded, let handler = eventHandler {
+                    for child in family.children where machine.isLive(child) {
+                        let ended = OperationResult(id: child, outcome: .cancelled, status: .cancelled,
+                                                    message: "operation \(child) was cancelled", value: nil)
+                        let event = OperationEvent(id: family.parent, kind: .child, child: ended,
+                                                   query: family.queries[child])
+                        pendingPosts.append(.event(event, handler))
+                    }
+                }
+            }
             family.parentEnded = true
-            if result.outcome == .cancelled { cancels = family.children }
         } else {
             family.endings[op.id] = (result.status, result.message)
             if family.childEvents && !family.parentEnded, let handler = eventHandler {
