@@ -434,7 +434,8 @@ fq_op_id fq_submit_async(fq_queue *queue, fq_async_fn fn, const json_t *options,
  *                "attempts" counts the tries;
  *   "coalesce"   true (default): a GET without a body, "depends_on" or
  *                "barrier" that is identical to one in flight (same URL,
- *                headers, limits and progress setting) shares its transfer:
+ *                headers, limits, "retry" and progress setting) shares its
+ *                transfer:
  *                the server sees one request; each operation still gets its
  *                own callback and result. The first caller runs the shared
  *                transfer in its queue (the others hold no slot) at the
@@ -466,8 +467,9 @@ fq_op_id fq_submit_async(fq_queue *queue, fq_async_fn fn, const json_t *options,
  *                only a request with the same URL and headers (Cache-Control
  *                and Pragma aside: a "no-cache" request refreshes the entry
  *                the others use), the same "verify_tls" and "ca_file", and
- *                redirects followed or not alike; one over the request's
- *                "max_response_bytes" does not answer it.
+ *                redirects followed or not alike, and the same
+ *                "user_agent"; one over the request's "max_response_bytes"
+ *                does not answer it.
  * Redirects (up to "max_redirects") keep the method and body on 301, 302,
  * 307 and 308, except that a POST becomes a GET without its body on 301 and
  * 302; a 303 makes any method but HEAD a GET without its body (RFC 9110
@@ -475,7 +477,10 @@ fq_op_id fq_submit_async(fq_queue *queue, fq_async_fn fn, const json_t *options,
  * host or port; a redirect to a URL that is not http or https fails with
  * FQ_ERR_NETWORK.
  * They run at most config "max_per_host" at once per host:port (across
- * queues; operations for a busy host never hold back other hosts). A failed
+ * queues; operations for a busy host never hold back other hosts). The host
+ * is that of the request's URL: the host a redirect leads to is reached
+ * within that slot, and its own "max_per_host" and "rate_limits" do not
+ * count it (libcurl follows the redirect inside the transfer). A failed
  * transfer ends FQ_FAILED with FQ_ERR_TIMEOUT, FQ_ERR_NETWORK,
  * FQ_ERR_TOO_LARGE, FQ_ERR_REDIRECT or FQ_ERR_TLS; a cancelled one is removed
  * from the transport at once and ends FQ_CANCELLED. */

@@ -85,7 +85,8 @@ import Testing
             }
             for (key, options) in [("tls", #"{"verify_tls": false}"#),
                                    ("ca", #"{"ca_file": "/etc/ssl/certs/ca-certificates.crt"}"#),
-                                   ("follow", #"{"max_redirects": 0}"#)] {
+                                   ("follow", #"{"max_redirects": 0}"#),
+                                   ("agent", #"{"user_agent": "agent-B"}"#)] {
                 let unusual = try get(key, options)
                 #expect(unusual.outcome == .succeeded)
                 let plain = try get(key)
@@ -109,8 +110,8 @@ import Testing
             let roomy = try get("cap", #"{"max_response_bytes": 1000}"#)
             #expect(roomy.fromCache == true)
         }
-        // tls, ca and follow: 2 requests each; cap: the first and the capped one.
-        #expect(try serverCount("/cache") == 8)
+        // tls, ca, follow and agent: 2 requests each; cap: the first and the capped one.
+        #expect(try serverCount("/cache") == 10)
     }
 
     @Test func aRedirectedResponseIsNotStored() throws {

@@ -193,6 +193,7 @@ import Testing
             ("user agent", { $0.request.userAgent = "agent/1.0 (x)" }),
             ("progress", { $0.progressIntervalMs = 250 }),
             ("cache mode", { $0.cache = .reload }),
+            ("retry", { $0.retry.max = 3 }),
         ]
         for (what, change) in changes {
             var changed = job()
@@ -215,6 +216,24 @@ import Testing
         other = job()
         other.coalesce = false
         #expect(other.coalesceKey(maxWaitMs: 0) == nil)
+    }
+
+    /// delay-seconds has no upper bound (RFC 9110 §10.2.3): one too large for
+    /// an Int waits max_delay; it used to be dropped for the backoff.
+    @Test func retryAfterBeyondAnIntWaitsMaxDelay() {
+        #expect(RetryPolicy.retryAfter("120", now: 0) == 120)
+        #expect(RetryPolicy.retryAfter(" 0 ", now: 0) == 0)
+        #expect(RetryPolicy.retryAfter("99999999999999999999", now: 0) == .infinity)
+        #expect(RetryPolicy.retryAfter("9223372036854775808", now: 0) == .infinity)
+        #expect(RetryPolicy.retryAfter("+5", now: 0) == nil)
+        #expect(RetryPolicy.retryAfter("-1", now: 0) == nil)
+        #expect(RetryPolicy.retryAfter("", now: 0) == nil)
+        var policy = RetryPolicy()
+        policy.max = 3
+        policy.maxDelay = 3
+        let busy = HTTPResponse(status: 503, headers: [(name: "Retry-After", value: "99999999999999999999")],
+                                body: [], effectiveURL: "http://example.test/", metrics: TransferMetrics())
+        #expect(policy.delay(after: .success(busy), attempt: 1, method: "GET", now: 0) == 3)
     }
 
     @Test func defaultRetryStatuses() {

@@ -53,6 +53,8 @@ public struct NetworkJob: Sendable {
         if !request.verifyTLS { key += "\n:verify-tls: false" }
         if let ca = request.caFile { key += "\n:ca-file: " + ca }
         if !request.followRedirects { key += "\n:follow-redirects: false" }
+        // The User-Agent is sent like any header (an answer may Vary on it).
+        key += "\n:user-agent: " + request.userAgent
         return key
     }
 
@@ -75,7 +77,8 @@ public struct NetworkJob: Sendable {
                            timeoutMs: request.timeoutMs, followRedirects: request.followRedirects,
                            maxRedirects: request.maxRedirects, maxResponseBytes: request.maxResponseBytes,
                            verifyTLS: request.verifyTLS, caFile: request.caFile, userAgent: request.userAgent,
-                           progressIntervalMs: progressIntervalMs, cache: cache, maxWaitMs: maxWaitMs))
+                           progressIntervalMs: progressIntervalMs, cache: cache, maxWaitMs: maxWaitMs,
+                           retry: retry.max > 0 ? retry : nil))
     }
 
     func accepts(_ status: Int) -> Bool { accept.contains { $0.contains(status) } }
@@ -419,6 +422,8 @@ struct CoalesceKey: Hashable, Sendable {
         var progressIntervalMs: Int?
         var cache: NetworkJob.CacheMode
         var maxWaitMs: Int
+        /// The "retry" a joiner would otherwise lose (nil: none, the usual case).
+        var retry: RetryPolicy?
     }
 
     let fields: Fields

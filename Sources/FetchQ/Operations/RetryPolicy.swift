@@ -2,7 +2,7 @@ import CJansson
 import Glibc
 
 /// Option "retry": when and how a network operation is tried again.
-struct RetryPolicy: Sendable {
+struct RetryPolicy: Sendable, Hashable {
     /// Retries after the first attempt (0 = none).
     var max = 0
     /// Backoff before retry n (1-based) is base * 2^(n-1), capped at maxDelay,
@@ -73,9 +73,13 @@ struct RetryPolicy: Sendable {
     }
 
     /// Retry-After: delay-seconds or an HTTP-date (RFC 9110 §10.2.3).
+    /// delay-seconds is 1*DIGIT, with no bound: more digits than an Int
+    /// holds is a delay longer than any max_delay, not an invalid value.
     static func retryAfter(_ value: String, now: Double) -> Double? {
         let trimmed = value.trimmingCharacters(in: " \t")
-        if let seconds = Int(trimmed), seconds >= 0 { return Double(seconds) }
+        if !trimmed.isEmpty && trimmed.utf8.allSatisfy({ $0 >= UInt8(ascii: "0") && $0 <= UInt8(ascii: "9") }) {
+            return Int(trimmed).map(Double.init) ?? .infinity
+        }
         guard let date = HTTPDate.parse(trimmed) else { return nil }
         return Swift.max(0, date - now)
     }
