@@ -462,6 +462,11 @@ fq_op_id fq_submit_async(fq_queue *queue, fq_async_fn fn, const json_t *options,
  *                Coalesced callers share the first caller's mode; a caller
  *                joins only a transfer with the same "max_wait_ms";
  *                "only-if-cached" and "stale-while-revalidate" never coalesce.
+ *                A stale entry whose response said "must-revalidate" is never
+ *                served without the server (RFC 9111 §5.2.2.2):
+ *                "only-if-cached" fails with FQ_ERR_CACHE_MISS, and
+ *                "stale-while-revalidate" sends no update event and keeps no
+ *                stale value.
  *                Only responses that carry Cache-Control or Expires are stored,
  *                and never one reached through a redirect. An entry answers
  *                only a request with the same URL and headers (Cache-Control

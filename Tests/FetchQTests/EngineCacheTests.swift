@@ -171,6 +171,33 @@ import Testing
         }
     }
 
+    /// A stale entry whose response said must-revalidate is not served
+    /// without the server (RFC 9111 §5.2.2.2): only-if-cached misses, and
+    /// stale-while-revalidate does not deliver it first. Without the
+    /// directive both serve the stale entry.
+    @Test func mustRevalidateEntriesAreNotServedStale() throws {
+        try withEngine { engine, queue, c in
+            func get(_ query: String, _ options: String? = nil) throws -> OperationResult {
+                let url = server.url("/cache?\(query)")
+                return try #require(c.wait(try engine.request(#"{"url": "\#(url)"}"#, options: options, on: queue, c)))
+            }
+            for (query, must) in [("max_age=0&must_revalidate=1&key=mr", true), ("max_age=0&key=plain", false)] {
+                #expect(try get(query).outcome == .succeeded)  // stored, stale at once
+                let cachedOnly = try get(query, #"{"cache": "only-if-cached"}"#)
+                if must {
+                    #expect(cachedOnly.status == .cacheMiss)
+                    #expect(cachedOnly.message?.contains("must-revalidate") == true, "\(cachedOnly.message ?? "")")
+                } else {
+                    #expect(cachedOnly.outcome == .succeeded && cachedOnly.fromCache)
+                }
+                let swr = try get(query, #"{"cache": "stale-while-revalidate"}"#)
+                #expect(swr.outcome == .succeeded)
+                let updates = c.allEvents.filter { $0.id == swr.id && $0.kind == .update }
+                #expect(updates.count == (must ? 0 : 1), "\(query)")
+            }
+        }
+    }
+
     @Test func staleWhileRevalidateKeepsTheStaleValueWhenTheRefreshFails() throws {
         var url = ""
         try withEngine { engine, queue, c in

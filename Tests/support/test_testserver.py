@@ -759,6 +759,8 @@ def test_cache(port):
     assert status == 200
     _, headers, _ = request(port, "/cache?max_age=5&no_store=1")
     assert headers["cache-control"] == "max-age=5, no-store"
+    _, headers, _ = request(port, "/cache?max_age=0&must_revalidate=1")
+    assert headers["cache-control"] == "max-age=0, must-revalidate"
 
 
 # ----------------------------------------------------------------------------

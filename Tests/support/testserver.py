@@ -864,6 +864,8 @@ class Routes:
         cc = "max-age=%d" % max_age
         if req.query.get("no_store") == "1":
             cc += ", no-store"
+        if req.query.get("must_revalidate") == "1":
+            cc += ", must-revalidate"
         i = STATS.bump("cache", key)
         hdrs = [("Cache-Control", cc), ("Last-Modified", LAST_MODIFIED)]
         ims = req.headers.get("if-modified-since")

@@ -28,6 +28,9 @@ extension Engine {
         var requestCacheControl: String?
         /// The entry being revalidated (conditional headers were sent).
         var entry: HTTPCache.Entry?
+        /// stale-while-revalidate delivered `entry` first (an update event):
+        /// it stays the value if the refresh fails.
+        var deliveredFirst = false
     }
 
     /// Starts an attempt of a network operation. `attempt` and `existing`
@@ -54,6 +57,16 @@ extension Engine {
                 found = .miss
             }
             switch (job.cache, found) {
+            // A stale entry whose response said must-revalidate is never
+            // served without asking the server (RFC 9111 §5.2.2.2).
+            case (.onlyIfCached, .stale(let entry)) where entry.mustRevalidate:
+                finishRunning(op, OperationResult(id: op.id, outcome: .failed, status: .cacheMiss,
+                                                  message: "GET \(job.request.url): the cached response is stale and said must-revalidate (cache: only-if-cached)",
+                                                  value: nil))
+                return
+            case (.staleWhileRevalidate, .stale(let entry)) where entry.mustRevalidate:
+                job.request.headers += HTTPCache.conditionalHeaders(for: entry)
+                context.entry = entry
             case (.default, .fresh(let entry)), (.onlyIfCached, .fresh(let entry)), (.onlyIfCached, .stale(let entry)):
                 let response = entry.response(url: job.request.url)
                 workers.submit(qos: op.qos) { [self, job] in
@@ -70,6 +83,7 @@ extension Engine {
                                             attempts: 0, cancelled: false, fromCache: true, historyForm: false)
                     delivery.post(.event(OperationEvent(id: op.id, kind: .update, child: cached), handler))
                 }
+                context.deliveredFirst = true
                 fallthrough
             case (.default, .stale(let entry)):
                 job.request.headers += HTTPCache.conditionalHeaders(for: entry)
@@ -278,7 +292,8 @@ extension Engine {
             let queueWaitMs = Double(op.startedAt - op.submittedAt) / 1e6
             var result = job.result(id: op.id, outcome, queueWaitMs: queueWaitMs, attempts: attempts,
                                     cancelled: op.isCancelled, fromCache: fromCache, historyForm: keepsHistoryForms)
-            if result.outcome == .failed, job.cache == .staleWhileRevalidate, let stale = context?.entry {
+            if result.outcome == .failed, job.cache == .staleWhileRevalidate, context?.deliveredFirst == true,
+               let stale = context?.entry {
                 // The refresh failed: the stale value stays readable.
                 let cached = job.result(id: op.id, .success(stale.response(url: job.request.url)), queueWaitMs: queueWaitMs,
                                         attempts: attempts, cancelled: false, fromCache: true, historyForm: false)
