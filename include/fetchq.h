@@ -462,6 +462,9 @@ fq_op_id fq_submit_async(fq_queue *queue, fq_async_fn fn, const json_t *options,
  *                Coalesced callers share the first caller's mode; a caller
  *                joins only a transfer with the same "max_wait_ms";
  *                "only-if-cached" and "stale-while-revalidate" never coalesce.
+ *                A request with another method than GET, HEAD, OPTIONS or
+ *                TRACE that gets a status below 400 removes every entry for
+ *                its URL (RFC 9111 §4.4).
  *                A stale entry whose response said "must-revalidate" is never
  *                served without the server (RFC 9111 §5.2.2.2):
  *                "only-if-cached" fails with FQ_ERR_CACHE_MISS, and

@@ -198,6 +198,31 @@ import Testing
         }
     }
 
+    /// A successful unsafe request invalidates what is stored for its URL,
+    /// whatever the request headers of each entry (RFC 9111 §4.4); a safe one
+    /// does not.
+    @Test func anUnsafeRequestInvalidatesItsURL() throws {
+        try withEngine { engine, queue, c in
+            let url = server.url("/cache?max_age=60&key=inv")
+            func get(_ headers: String = "{}") throws -> OperationResult {
+                try #require(c.wait(try engine.request(#"{"url": "\#(url)", "headers": \#(headers)}"#, on: queue, c)))
+            }
+            for method in ["POST", "DELETE", "PUT"] {
+                _ = try get()
+                _ = try get(#"{"Accept": "application/json"}"#)
+                #expect(try get().fromCache && get(#"{"Accept": "application/json"}"#).fromCache, "\(method)")
+                let head = try #require(c.wait(try engine.request(#"{"url": "\#(url)", "method": "HEAD"}"#, on: queue, c)))
+                #expect(head.outcome == .succeeded)
+                #expect(try get().fromCache, "HEAD is safe")
+                let unsafe = try #require(c.wait(try engine.request(#"{"url": "\#(url)", "method": "\#(method)", "body": "x"}"#,
+                                                                   on: queue, c)))
+                #expect(unsafe.outcome == .succeeded)
+                #expect(try get().fromCache == false, "\(method)")
+                #expect(try get(#"{"Accept": "application/json"}"#).fromCache == false, "\(method)")
+            }
+        }
+    }
+
     @Test func staleWhileRevalidateKeepsTheStaleValueWhenTheRefreshFails() throws {
         var url = ""
         try withEngine { engine, queue, c in

@@ -87,6 +87,9 @@ extension HTTPCache {
             self = RecencyList()
         }
 
+        /// Every key held, in no particular order.
+        var keys: Dictionary<String, Int>.Keys { slots.keys }
+
         /// Keys from the most to the least recently used (for tests and diagnostics).
         var keysByRecency: [String] {
             var keys: [String] = []
@@ -153,6 +156,9 @@ extension HTTPCache {
         }
 
         func contains(_ key: String) -> Bool { sizes[key] != nil }
+
+        /// Every key not loaded yet, in no particular order.
+        var keys: Dictionary<String, Int>.Keys { sizes.keys }
 
         /// Forgets `key` (loaded into memory, replaced, or removed); returns its size.
         @discardableResult

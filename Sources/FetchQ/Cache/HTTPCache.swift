@@ -311,6 +311,21 @@ public final class HTTPCache: Sendable {
         state.withLock { state in drop(key, &state) }
     }
 
+    /// Removes every entry for `url`, whatever its request headers (keys made by ``key(method:url:headers:)``
+    /// for a GET of `url`, with anything after): after an unsafe request to it succeeded,
+    /// what is stored may no longer be what the server has (RFC 9111 §4.4). Returns how
+    /// many were removed.
+    @discardableResult
+    public func invalidate(url: String) -> Int {
+        let exact = "GET " + url
+        let prefix = exact + "\n"
+        return state.withLock { state in
+            let matching = (Array(state.entries.keys) + Array(state.cold.keys)).filter { $0 == exact || $0.hasPrefix(prefix) }
+            for key in matching { drop(key, &state) }
+            return matching.count
+        }
+    }
+
     /// Removes every entry (and, with persistence, every row of the table). The counters
     /// are kept.
     public func removeAll() {

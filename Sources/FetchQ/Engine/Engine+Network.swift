@@ -217,6 +217,12 @@ extension Engine {
         TransportText.equalsIgnoringASCIICase(name, "cache-control") || TransportText.equalsIgnoringASCIICase(name, "expires")
     }
 
+    /// GET, HEAD, OPTIONS and TRACE (RFC 9110 §9.2.1): the others may change
+    /// what the server has.
+    static func isSafe(_ method: String) -> Bool {
+        method == "GET" || method == "HEAD" || method == "OPTIONS" || method == "TRACE"
+    }
+
     /// A transfer ended: retry it, or turn it into the result(s).
     func transferEnded(_ op: Operation, _ job: NetworkJob, _ outcome: Result<HTTPResponse, TransportError>,
                        attempts: Int, cache context: CacheContext?, fromCache: Bool = false, onLoop: Bool = false) {
@@ -225,6 +231,12 @@ extension Engine {
         let op = op.isCancelled ? (lock.withLock { op.handedTo } ?? op) : op
         var outcome = outcome
         var fromCache = fromCache
+        if let cache = httpCache, case .success(let response) = outcome, response.status < 400,
+           !Self.isSafe(job.request.method) {
+            // An unsafe request that succeeded: the stored answers for its URL
+            // may be out of date (RFC 9111 §4.4).
+            cache.invalidate(url: job.request.url)
+        }
         if let context, let cache = httpCache, case .success(let response) = outcome {
             let now = wallClockSeconds()
             if response.metrics.redirects > 0 {
