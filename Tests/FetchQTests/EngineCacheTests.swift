@@ -223,6 +223,33 @@ import Testing
         }
     }
 
+    /// A fresh entry answers without the network, so it takes no slot of its
+    /// host and no rate token: it answers while the host's one slot is held
+    /// by a stalled request, and after the only token of the next 1000 s
+    /// was used. (It used to wait for both.)
+    @Test func freshHitsTakeNoHostSlotOrRateToken() throws {
+        let host = "127.0.0.1:\(server.port)"
+        try withEngine(#"{"max_per_host": 1, "rate_limits": {"\#(host)": {"per_second": 0.001, "burst": 1}}}"#,
+                       queue: 4) { engine, queue, c in
+            let url = server.url("/cache?max_age=600&key=slots")
+            let first = try #require(c.wait(try engine.request(#"{"url": "\#(url)"}"#, on: queue, c)))
+            #expect(first.outcome == .succeeded && !first.fromCache)
+            let stalled = try engine.request(#"{"url": "\#(server.url("/stall"))"}"#, on: queue, c)
+            for mode in ["default", "only-if-cached", "default"] {
+                let hit = try #require(c.wait(try engine.request(#"{"url": "\#(url)"}"#,
+                                                                 options: #"{"cache": "\#(mode)"}"#, on: queue, c)),
+                                       "\(mode): still waiting")
+                #expect(hit.outcome == .succeeded && hit.fromCache, "\(mode)")
+            }
+            // A request that needs the network still waits (the slot and the token are taken).
+            let miss = try engine.request(#"{"url": "\#(server.url("/json?size=10"))"}"#, on: queue, c)
+            #expect(c.wait(miss, timeoutMs: 300) == nil)
+            try engine.cancel(stalled)
+            try engine.cancel(miss)
+            #expect(engine.waitIdle(timeoutMs: 10_000) == .ok)
+        }
+    }
+
     @Test func staleWhileRevalidateKeepsTheStaleValueWhenTheRefreshFails() throws {
         var url = ""
         try withEngine { engine, queue, c in

@@ -212,6 +212,21 @@ public final class HTTPCache: Sendable {
             return entry
         }
         guard let entry = found else { return .miss }
+        return Self.classify(entry, now: now, requestCacheControl: requestCacheControl)
+    }
+
+    /// Whether a fresh entry for `key` is in memory now (see ``lookup(_:now:requestCacheControl:)``
+    /// for what fresh means): a look, not a lookup. It counts nothing, leaves the recency
+    /// order as it is and does not read the file.
+    public func hasFresh(_ key: String, now: Double, requestCacheControl: String? = nil) -> Bool {
+        let found = state.withLock { state in state.entries.slot(of: key).map { state.entries.entry(at: $0) } }
+        guard let found, case .fresh = Self.classify(found, now: now, requestCacheControl: requestCacheControl) else {
+            return false
+        }
+        return true
+    }
+
+    private static func classify(_ entry: Entry, now: Double, requestCacheControl: String?) -> Lookup {
         guard entry.isFresh(at: now) else { return .stale(entry) }
         if let requestCacheControl {
             let directives = CacheControl(requestCacheControl)

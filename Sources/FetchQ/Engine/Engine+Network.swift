@@ -40,7 +40,7 @@ extension Engine {
         var job = job
         var cacheContext: CacheContext? = nil
         if let cache = httpCache, let key = job.cacheKey, attempt == 1 {
-            let control = job.request.headers.first { TransportText.equalsIgnoringASCIICase($0.name, "cache-control") }?.value
+            let control = job.requestCacheControl
             var context = CacheContext(key: key, requestCacheControl: control)
             var found: HTTPCache.Lookup = job.cache == .reload ? .miss : cache.lookup(key, now: wallClockSeconds(), requestCacheControl: control)
             let cap = job.request.maxResponseBytes

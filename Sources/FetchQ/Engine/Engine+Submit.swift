@@ -131,11 +131,12 @@ extension Engine {
              try SearchTemplate(reading: &r, config: config, openStore: store(path:)))
         }
         guard !common.barrier else { throw FetchQError(.invalid, "options.barrier: not supported for search-all") }
-        var unique: [String] = []
-        for q in queries where !unique.contains(q) { unique.append(q) }
+        var seen = Set<String>()
+        let unique = queries.filter { seen.insert($0).inserted }
         guard !unique.isEmpty else { throw FetchQError(.invalid, "search-all needs at least one query") }
         var jobs: [NetworkJob] = []
         for q in unique { jobs.append(try template.job(for: q)) }
+        let cached = jobs.map(answeredByTheCache)
         let family = SearchAllFamily(template: template, failFast: failFast, childEvents: childEvents)
 
         let now = monotonicNanos()
@@ -145,10 +146,12 @@ extension Engine {
             throw FetchQError(.shutdown, "the engine is being freed")
         }
         var actions: [Machine.Action] = []
-        for (q, job) in zip(unique, jobs) {
+        for (i, (q, job)) in zip(unique, jobs).enumerated() {
             let child = Operation(id: 0, queue: queue.id, qos: common.qos, body: .network(job), callback: .none, engine: self)
             child.family = family
-            var childSpec = Self.spec(queue: queue.id, common: common, host: job.host, owner: child, now: now)
+            var childSpec = Self.spec(queue: queue.id, common: common, host: cached[i] ? nil : job.host, owner: child,
+                                      now: now)
+            childSpec.network = true
             childSpec.id = newID()
             switch machine.submit(childSpec, now: now) {
             case .success(let (id, more)):
@@ -211,8 +214,28 @@ extension Engine {
     /// first of identical GETs runs the transfer itself (see SharedTransfer).
     func enqueueNetwork(_ job: NetworkJob, queue: QueueID, common: CommonOptions,
                         callback: Callback) throws(FetchQError) -> OpID {
-        try enqueue(.network(job), queue: queue, common: common, host: job.host, callback: callback,
-                    sharing: sharingKey(job, common))
+        if answeredByTheCache(job) {
+            // Nothing is sent: no slot of its host, no rate token, no shared transfer.
+            return try enqueue(.network(job), queue: queue, common: common, host: nil, callback: callback, sharing: nil)
+        }
+        return try enqueue(.network(job), queue: queue, common: common, host: job.host, callback: callback,
+                           sharing: sharingKey(job, common))
+    }
+
+    /// Whether the cache answers `job` without the network: always with
+    /// "only-if-cached", and with "default" when a fresh entry is there now.
+    /// (One that goes stale while the operation waits in its queue is
+    /// revalidated all the same.)
+    private func answeredByTheCache(_ job: NetworkJob) -> Bool {
+        switch job.cache {
+        case .onlyIfCached:
+            return httpCache != nil && job.cacheKey != nil
+        case .default:
+            guard let cache = httpCache, let key = job.cacheKey else { return false }
+            return cache.hasFresh(key, now: wallClockSeconds(), requestCacheControl: job.requestCacheControl)
+        case .reload, .staleWhileRevalidate:
+            return false
+        }
     }
 
     /// Receives progress events of operations submitted with "progress".
@@ -231,6 +254,7 @@ extension Engine {
         let op = Operation(id: 0, queue: queue, qos: common.qos, body: body, callback: callback, engine: self,
                            submittedAt: now)
         var spec = Self.spec(queue: queue, common: common, host: host, owner: op, now: now)
+        if case .network = body { spec.network = true }
         lockEngine()
         var actions: [Machine.Action] = []
         let id: OpID
@@ -343,8 +367,10 @@ extension Engine {
                 let job = jobs[i]
                 let op = Operation(id: 0, queue: queue.id, qos: common.qos, body: .network(job), callback: callbacks(i),
                                    engine: self, submittedAt: now)
-                prepared.append((op, Self.spec(queue: queue.id, common: common, host: job.host, owner: op, now: now),
-                                 sharingKey(job, common)))
+                let cached = answeredByTheCache(job)  // as in enqueueNetwork
+                var spec = Self.spec(queue: queue.id, common: common, host: cached ? nil : job.host, owner: op, now: now)
+                spec.network = true
+                prepared.append((op, spec, cached ? nil : sharingKey(job, common)))
             }
             var actions: [Machine.Action] = []
             var stopped: FetchQError? = nil

@@ -58,6 +58,11 @@ public struct NetworkJob: Sendable {
         return key
     }
 
+    /// The request's own Cache-Control header (directives to the cache).
+    var requestCacheControl: String? {
+        request.headers.first { TransportText.equalsIgnoringASCIICase($0.name, "cache-control") }?.value
+    }
+
     /// Identical requests (same URL, headers and limits) share a transfer; nil when this
     /// one must not (see CoalesceKey). `maxWaitMs` is the submit's "max_wait_ms".
     func coalesceKey(maxWaitMs: Int) -> CoalesceKey? {

@@ -85,6 +85,9 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         var group: String? = nil
         /// host:port for network operations (per-host limit), nil otherwise.
         var host: String? = nil
+        /// A network operation without a host (the HTTP cache answers it:
+        /// no host slot or rate token); one with a host is one anyway.
+        var network = false
         var dependsOn: [OpID] = []
         /// Operations whose results this one collects (must be unfinished).
         var collects: [OpID] = []
@@ -151,6 +154,8 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         var cancelRequested = false
         var isBarrier = false
         var isInternal = false
+        /// Run by the transport (`Action.start`'s `network`).
+        var isNetwork = false
         /// Finished: ended by a cancel of its own (not a failed dependency).
         var cancelledByOwn = false
         /// Finished: `payload` is light (`Config.isLight`), noted while it is
@@ -528,6 +533,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         let s = book(id, queue: q, group: spec.group, host: spec.host.map { hostNumber($0) } ?? 0,
                      priority: spec.priority, qos: spec.qos, isBarrier: spec.barrier, isInternal: spec.isInternal,
                      owner: spec.owner.map { .passRetained($0) })
+        slots[s].isNetwork = spec.network || spec.host != nil
         if spec.attached {
             slots[s].state = .attached
             return .success(id)
@@ -979,9 +985,9 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
             swap(&dependents, &linkTable[l].dependents)
             dropLinks(s)
         }
-        // A network operation's value: its own transfer (it has a host)
-        // or a shared one (it was attached to a carrier).
-        let networkValue = slots[s].host != 0 || slots[s].state == .attached
+        // A network operation's value: its own transfer (or the cache's
+        // answer) or a shared one (it was attached to a carrier).
+        let networkValue = slots[s].isNetwork || slots[s].state == .attached
         slots[s].state = .finished
         slots[s].outcome = outcome
         slots[s].cancelledByOwn = byCancel
@@ -1254,7 +1260,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
                 hosts[host].running += 1
                 if hosts[host].bucket != nil { hosts[host].bucket!.tokens -= 1 }
             }
-            actions.append(.start(slots[s].id, dependencies: payloads, owner: slots[s].owner, network: host != 0))
+            actions.append(.start(slots[s].id, dependencies: payloads, owner: slots[s].owner, network: slots[s].isNetwork))
         }
     }
 
@@ -1314,7 +1320,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         nextOpID = max(nextOpID, newID + 1)
         nextSeq += 1
         let n = allocate(Op(id: newID, queue: q, seq: nextSeq, host: slots[s].host, level: slots[s].level,
-                            qos: slots[s].qos, isBarrier: false, isInternal: true))
+                            qos: slots[s].qos, isBarrier: false, isInternal: true, isNetwork: slots[s].isNetwork))
         index.insert(newID, Int32(n))
         liveCount += 1
         listAppend(n, queue: q)
