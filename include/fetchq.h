@@ -443,8 +443,10 @@ fq_op_id fq_submit_async(fq_queue *queue, fq_async_fn fn, const json_t *options,
  *                first caller does not take it below the others'). Cancelling
  *                one caller detaches only it, the first included: a running
  *                transfer goes on for the others (and is still retried under
- *                the first caller's "retry"), a queued one is queued in the
- *                next caller's queue at the callers' priority; the transfer
+ *                the first caller's "retry"; one waiting to be retried still
+ *                waits out its Retry-After or backoff, and its "attempts"
+ *                go on counting), a queued one is queued in the next
+ *                caller's queue at the callers' priority; the transfer
  *                is cancelled when the last caller cancels. A first caller
  *                given a dependency by fq_add_dependency leaves the transfer
  *                to the others. false: its own transfer;

@@ -98,6 +98,32 @@ import Testing
         }
     }
 
+    /// The first of two coalesced callers is cancelled while the transfer
+    /// waits out a Retry-After: the other's transfer still waits it out (it
+    /// was retried at once) and goes on counting attempts (it said 1).
+    @Test func aCarrierWaitsOutTheRetryAfterOfTheCallerItReplaces() throws {
+        try withEngine { engine, queue, c in
+            let url = server.url("/retry-after?key=carried&fail=1&after=2")
+            let options = #"{"retry": {"max": 2, "base": 0.01}}"#
+            let first = try engine.request(#"{"url": "\#(url)"}"#, options: options, on: queue, c)
+            let second = try engine.request(#"{"url": "\#(url)"}"#, options: options, on: queue, c)
+            // Wait for the 429: the transfer then waits to retry.
+            let deadline = monotonicNanos() + 10_000_000_000
+            while try requests(to: "/retry-after") < 1 && monotonicNanos() < deadline { usleep(10_000) }
+            usleep(100_000)
+            var r: OperationResult?
+            let elapsed = try seconds {
+                try engine.cancel(first)
+                r = c.wait(second)
+            }
+            #expect(c.wait(first)?.outcome == .cancelled)
+            #expect(r?.outcome == .succeeded)
+            #expect(r?.http?.metrics?.at("/attempts")?.integerValue == 2)
+            #expect(elapsed >= 1.5, "retried after \(elapsed) s, Retry-After said 2")
+            #expect(try requests(to: "/retry-after") == 2)
+        }
+    }
+
     @Test func postIsNotRetriedUnlessAsked() throws {
         try resetStats()
         try withEngine { engine, queue, c in

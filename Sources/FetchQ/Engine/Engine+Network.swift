@@ -264,7 +264,12 @@ extension Engine {
             if machine.state(of: op.id) == .running && !op.isCancelled {
                 transferLock.withLock { op.transfer = nil }
                 let now = monotonicNanos()
-                let work = resolve(machine.retryLater(op.id, until: now + UInt64(delay * 1e9), now: now))
+                let until = now + UInt64(min(delay, 86_400) * 1e9)
+                if let shared = op.leads ?? op.carries {
+                    shared.retryAt = until
+                    shared.attempts = attempts
+                }
+                let work = resolve(machine.retryLater(op.id, until: until, now: now))
                 lock.unlock()
                 // Never log with the lock held: a log callback may call into the library.
                 logger.info("retrying", metadata: ["id": "\(op.id)", "attempt": "\(attempts + 1)", "delay_s": "\(delay)"])

@@ -535,6 +535,11 @@ public final class Engine: @unchecked Sendable {
                 spec.startDeadline = shared.callers[0].submittedAt + UInt64(shared.maxWaitMs) * 1_000_000
                 work.append(.kickTimer)
             }
+            if let at = shared.retryAt, at > now {
+                // The leader waited to retry (Retry-After, backoff): so do they.
+                spec.notBefore = at
+                work.append(.kickTimer)
+            }
             let carrier = Operation(id: 0, queue: caller.queue, qos: caller.qos, body: .network(job), callback: .none,
                                     engine: self)
             spec.owner = carrier
@@ -542,6 +547,7 @@ public final class Engine: @unchecked Sendable {
             guard case .success(let id) = machine.submit(spec, now: now, into: &actions) else { continue }
             carrier.id = id
             carrier.carries = shared
+            carrier.attempts = shared.attempts
             shared.carrier = id
             return actions
         }

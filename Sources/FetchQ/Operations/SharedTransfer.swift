@@ -28,6 +28,12 @@ final class SharedTransfer: @unchecked Sendable {
     let maxWaitMs: Int
     /// The transfer ended: no more callers may attach.
     var done = false
+    /// When the operation running the transfer waits to retry it: the
+    /// monotonic time of the next attempt, and the attempts made. A carrier
+    /// queued for the callers (the leading caller was cancelled meanwhile)
+    /// waits as long and goes on counting.
+    var retryAt: UInt64? = nil
+    var attempts = 0
 
     init(key: CoalesceKey, priority: Priority, maxWaitMs: Int) {
         self.key = key

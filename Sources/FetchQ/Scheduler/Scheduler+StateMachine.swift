@@ -94,6 +94,10 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         var barrier = false
         /// Absolute monotonic deadline for starting, nil for none.
         var startDeadline: UInt64? = nil
+        /// Not started before this monotonic time: booked as waiting to be
+        /// tried again (`retryLater`), for work carried on from an operation
+        /// that was waiting so.
+        var notBefore: UInt64? = nil
         /// Engine-internal work (a coalesced transfer): holds a slot but is
         /// not counted in submitted/succeeded/failed/cancelled.
         var isInternal = false
@@ -570,7 +574,14 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
             end(s, .cancelled, .dependency, .dependency(dep, outcome ?? .cancelled), now: now, into: &actions)
             schedule(now: now, into: &actions)
         } else {
-            if slots[s].waitingOn == 0 { makeReady(s, now: now) }
+            if slots[s].waitingOn == 0 {
+                if let notBefore = spec.notBefore, notBefore > now {
+                    slots[s].state = .backoff
+                    retries.insert(id, key: notBefore)
+                } else {
+                    makeReady(s, now: now)
+                }
+            }
             // Only this queue changed: if it cannot start anything, neither
             // can the others (they were settled by the last event; time-based
             // changes, aging and tokens, come through `expire`).
