@@ -63,4 +63,29 @@ import Testing
             #expect(watch.alive == 0)
         }
     }
+
+    /// Making and freeing queues does not grow the engine: a freed queue's
+    /// id goes to a new one once its callbacks returned and nobody holds its
+    /// Queue object (one still held keeps its id).
+    @Test func freedQueuesIdsAreGivenToNewQueues() throws {
+        try withEngine { engine, _, c in
+            var ids = Set<QueueID>()
+            for _ in 0..<50 {
+                let q = try engine.makeQueue(name: "cycle", maxConcurrent: 1)
+                ids.insert(q.id)
+                let id = try engine.submit(.block { _ in nil }, to: q, options: nil, completion: c.callback)
+                #expect(c.wait(id)?.outcome == .succeeded)
+                #expect(q.wait(timeoutMs: 5000) == .ok)
+                q.close()
+            }
+            // One or two (the loop's variable may still hold the last queue).
+            #expect(ids.count <= 2, "\(ids.sorted())")
+            let held = try engine.makeQueue(name: "held", maxConcurrent: 1)
+            held.close()
+            let next = try withExtendedLifetime(held) { try engine.makeQueue(name: "next", maxConcurrent: 1) }
+            #expect(next.id != held.id)
+            let id = try engine.submit(.block { _ in nil }, to: next, options: nil, completion: c.callback)
+            #expect(c.wait(id)?.outcome == .succeeded)
+        }
+    }
 }

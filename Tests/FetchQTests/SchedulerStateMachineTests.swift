@@ -611,6 +611,44 @@ import Testing
         #expect(e.status == .invalid)
     }
 
+    /// A forgotten queue's id goes to a new queue when the runtime allows
+    /// it (so that making and freeing queues does not grow `queues`), and
+    /// the new queue starts afresh.
+    @Test func aForgottenQueuesIdIsGivenToANewQueue() {
+        var m = Machine()
+        let q = m.addQueue(name: "q", maxConcurrent: 1)
+        let (a, _) = submit(&m, q)
+        _ = m.closeQueue(q, now: 0)
+        // Still running: not forgotten, so not given away.
+        #expect(m.addQueue(name: "r", maxConcurrent: 1, reusable: { _ in true }) != q)
+        _ = m.finished(a, .succeeded, payload: nil, now: 0)
+        #expect(!m.hasQueue(q))
+        let count = m.queues.count
+        #expect(m.addQueue(name: "s", maxConcurrent: 1, reusable: { _ in false }) == count)  // the runtime said no
+        let again = m.addQueue(name: "q", maxConcurrent: 2, reusable: { $0 == q })
+        #expect(again == q && m.queues.count == count + 1)
+        #expect(m.hasQueue(q) && m.queues[q].name == "q" && m.queues[q].counters.submitted == 0)
+        let (b, startedB) = submit(&m, q)
+        let (c, startedC) = submit(&m, q)
+        #expect(started(startedB) == [b] && started(startedC) == [c])  // max 2, as the new queue says
+        // Queues made, used and forgotten over and over: their lanes are
+        // used again too (each new queue with work took 25 FIFOs for good).
+        _ = m.finished(b, .succeeded, payload: nil, now: 0)
+        _ = m.finished(c, .succeeded, payload: nil, now: 0)
+        _ = m.closeQueue(q, now: 0)
+        let lanes = m.laneCount
+        for round in 0..<20 {
+            let r = m.addQueue(name: "r\(round)", maxConcurrent: 1, reusable: { _ in true })
+            let (x, _) = submit(&m, r)
+            let (y, _) = submit(&m, r, host: "h:80")
+            _ = m.finished(x, .succeeded, payload: nil, now: 0)
+            _ = m.finished(y, .succeeded, payload: nil, now: 0)
+            _ = m.closeQueue(r, now: 0)
+            #expect(!m.hasQueue(r))
+        }
+        #expect(m.laneCount <= lanes + 2, "\(m.laneCount) lanes after 20 queues")
+    }
+
     /// An inbox entry booked after its queue closed (its submit had returned
     /// an id): refused here, ended cancelled by the runtime, and counted as
     /// submitted and cancelled, so that the engine's stats add up.

@@ -35,6 +35,14 @@ public final class Engine: @unchecked Sendable {
     let transferLock = ConditionLock()
     var machine: Machine
     var queues: [QueueID: Queue] = [:]
+    /// Closed queues whose `Queue` objects someone may still hold (Swift
+    /// code): their ids are not given to new queues while one lives, so
+    /// that a call on it never reaches another queue (guarded by `lock`).
+    var closedQueues: [QueueID: WeakQueue] = [:]
+
+    struct WeakQueue {
+        weak var queue: Queue?
+    }
     /// Operations submitted whose callback has not returned yet (its own
     /// lock, taken after this one).
     let outstanding = Outstanding()
@@ -146,7 +154,13 @@ public final class Engine: @unchecked Sendable {
         guard machine.queueNamed(name) == nil else {
             throw FetchQError(.invalid, "a queue named \"\(name)\" already exists")
         }
-        let id = machine.addQueue(name: name, maxConcurrent: maxConcurrent)
+        // A forgotten queue's id, once no callback of it is pending and
+        // nobody holds its old Queue object.
+        let id = machine.addQueue(name: name, maxConcurrent: maxConcurrent) { [outstanding] old in
+            outstanding.count(old) == 0 && closedQueues[old]?.queue == nil
+        }
+        closedQueues[id] = nil
+        inbox.openQueue(id)
         let queue = Queue(id: id, name: name, engine: self)
         queues[id] = queue
         return queue
@@ -173,6 +187,7 @@ public final class Engine: @unchecked Sendable {
 
     func closeQueue(_ queue: QueueID) {
         run { m in
+            closedQueues[queue] = WeakQueue(queue: queues[queue])
             queues[queue] = nil
             inbox.closeQueue(queue)  // what came before is booked, then cancelled
             return m.closeQueue(queue, now: monotonicNanos())

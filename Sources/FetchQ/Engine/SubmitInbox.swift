@@ -158,6 +158,14 @@ final class SubmitInbox: @unchecked Sendable {
         lock.unlock()
     }
 
+    /// Submits to `queue` are taken (a new queue, or one given a forgotten
+    /// queue's id).
+    func openQueue(_ queue: QueueID) {
+        lock.lock()
+        if queue < closed.count { closed[queue] = false }
+        lock.unlock()
+    }
+
     /// Submits to `queue` fail from now on.
     func closeQueue(_ queue: QueueID) {
         lock.lock()

@@ -281,6 +281,10 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
     private(set) var counters = Counters()
     private var lanes: [Lane] = []
     private var rings: [Ring<ReadyEntry>] = []
+    /// Lanes of forgotten queues, for new lanes to take (their rings emptied).
+    private var freeLanes: [Int32] = []
+    /// Lanes made so far (in use or free): for tests.
+    var laneCount: Int { lanes.count }
     private var hosts: [Host] = [Host(name: "")]
     private var hostIndex: [String: Int32] = [:]
     private var groups: [String: Set<OpID>] = [:]
@@ -304,6 +308,10 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
     private var nextSeq: UInt64 = 0
     /// Open queue ids in creation order.
     private var queueOrder: [QueueID] = []
+    /// Queues forgotten (closed, then done), oldest first: their ids may be
+    /// given to new queues, so that a program making and freeing queues
+    /// does not grow `queues` for ever.
+    private var forgottenQueues: [QueueID] = []
     /// Submits with dependencies that wait in the runtime's inbox: slots
     /// they may name are hidden, not freed, when history drops them.
     let gate: DependencyGate
@@ -464,9 +472,18 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
 
     // MARK: - Queues
 
-    mutating func addQueue(name: String, maxConcurrent: Int) -> QueueID {
-        queues.append(Queue(name: name, maxConcurrent: maxConcurrent))
-        let id = queues.count - 1
+    /// A new queue. It takes the id of a forgotten queue that `reusable`
+    /// accepts (the runtime's own state of that id is gone too), else a new
+    /// one.
+    mutating func addQueue(name: String, maxConcurrent: Int, reusable: (QueueID) -> Bool = { _ in false }) -> QueueID {
+        let id: QueueID
+        if let i = forgottenQueues.firstIndex(where: reusable) {
+            id = forgottenQueues.remove(at: i)
+            queues[id] = Queue(name: name, maxConcurrent: maxConcurrent)
+        } else {
+            queues.append(Queue(name: name, maxConcurrent: maxConcurrent))
+            id = queues.count - 1
+        }
         queueOrder.append(id)
         return id
     }
@@ -505,9 +522,17 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
     private mutating func removeQueueIfDone(_ queue: QueueID) {
         if queues[queue].closed && !queues[queue].removed && queues[queue].unfinishedCount == 0 {
             queues[queue].removed = true
+            for lane in queues[queue].lanes {
+                // Only stale entries can be left (nothing of the queue is
+                // live): dropped, so that the lane starts empty again.
+                for r in 0..<25 { rings[Int(lane) * 25 + r] = Ring() }
+                lanes[Int(lane)].mask = 0
+                freeLanes.append(lane)
+            }
             queues[queue].lanes = []
             queues[queue].laneByHost = []
             queueOrder.removeAll { $0 == queue }
+            forgottenQueues.append(queue)
         }
     }
 
@@ -1122,9 +1147,14 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         }
         var lane = Int(queues[q].laneByHost[host])
         if lane < 0 {
-            lanes.append(Lane(queue: q, host: Int32(host)))
-            rings += [Ring<ReadyEntry>](repeating: Ring(), count: 25)
-            lane = lanes.count - 1
+            if let free = freeLanes.popLast() {
+                lane = Int(free)
+                lanes[lane] = Lane(queue: q, host: Int32(host))
+            } else {
+                lanes.append(Lane(queue: q, host: Int32(host)))
+                rings += [Ring<ReadyEntry>](repeating: Ring(), count: 25)
+                lane = lanes.count - 1
+            }
             queues[q].laneByHost[host] = Int32(lane)
             queues[q].lanes.append(Int32(lane))
         }
