@@ -226,6 +226,10 @@ public final class HTTPCache: Sendable {
         return true
     }
 
+    /// Nothing is held in memory (what ``hasFresh(_:now:requestCacheControl:)`` looks at):
+    /// a caller may skip making a key.
+    public var holdsNothingInMemory: Bool { state.withLock { $0.entries.count == 0 } }
+
     private static func classify(_ entry: Entry, now: Double, requestCacheControl: String?) -> Lookup {
         guard entry.isFresh(at: now) else { return .stale(entry) }
         if let requestCacheControl {

@@ -231,7 +231,8 @@ extension Engine {
         case .onlyIfCached:
             return httpCache != nil && job.cacheKey != nil
         case .default:
-            guard let cache = httpCache, let key = job.cacheKey else { return false }
+            // (The key costs more to make than this look, on every GET's submit.)
+            guard let cache = httpCache, !cache.holdsNothingInMemory, let key = job.cacheKey else { return false }
             return cache.hasFresh(key, now: wallClockSeconds(), requestCacheControl: job.requestCacheControl)
         case .reload, .staleWhileRevalidate:
             return false
