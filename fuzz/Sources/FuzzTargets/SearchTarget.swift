@@ -209,14 +209,15 @@ public enum SearchTarget {
     // MARK: - De-duplication
 
     /// Output = the input items in order, keeping the first item per canonical id and
-    /// every item without an id.
+    /// every item without an id (the pointer selects nothing, or `null`).
     static func checkDeduped(_ merged: JSONRef, inputs: [JSONRef], key: JSONPointer) {
         var expected: [UnsafeMutablePointer<json_t>] = []
         var seen = Set<[UInt8]>()
         for array in inputs {
             for i in 0..<json_array_size(array.pointer) {
                 let item = json_array_get(array.pointer, i)!
-                if let id = key.resolve(in: item), !seen.insert(canonicalText(id)).inserted { continue }
+                if let id = key.resolve(in: item), id.pointee.type != JSON_NULL,
+                   !seen.insert(canonicalText(id)).inserted { continue }
                 expected.append(item)
             }
         }
