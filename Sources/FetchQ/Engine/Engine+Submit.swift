@@ -149,9 +149,8 @@ extension Engine {
         for (i, (q, job)) in zip(unique, jobs).enumerated() {
             let child = Operation(id: 0, queue: queue.id, qos: common.qos, body: .network(job), callback: .none, engine: self)
             child.family = family
-            var childSpec = Self.spec(queue: queue.id, common: common, host: cached[i] ? nil : job.host, owner: child,
-                                      now: now)
-            childSpec.network = true
+            var childSpec = Self.spec(queue: queue.id, common: common, job: job, answeredByTheCache: cached[i],
+                                      owner: child, now: now)
             childSpec.id = newID()
             switch machine.submit(childSpec, now: now) {
             case .success(let (id, more)):
@@ -290,6 +289,15 @@ extension Engine {
         return spec
     }
 
+    /// A network operation's spec: without a host (no host slot or rate
+    /// token) when the cache answers it (`answeredByTheCache`).
+    static func spec(queue: QueueID, common: borrowing CommonOptions, job: NetworkJob, answeredByTheCache: Bool,
+                     owner: Operation, now: UInt64) -> Machine.Spec {
+        var spec = spec(queue: queue, common: common, host: answeredByTheCache ? nil : job.host, owner: owner, now: now)
+        spec.network = true
+        return spec
+    }
+
     /// With the lock held: gives `op` its id in the state machine and books
     /// it (coalescing, counters). Throws, having changed nothing,
     /// when the engine is being freed or the scheduler refuses the spec.
@@ -369,9 +377,9 @@ extension Engine {
                 let op = Operation(id: 0, queue: queue.id, qos: common.qos, body: .network(job), callback: callbacks(i),
                                    engine: self, submittedAt: now)
                 let cached = answeredByTheCache(job)  // as in enqueueNetwork
-                var spec = Self.spec(queue: queue.id, common: common, host: cached ? nil : job.host, owner: op, now: now)
-                spec.network = true
-                prepared.append((op, spec, cached ? nil : sharingKey(job, common)))
+                prepared.append((op, Self.spec(queue: queue.id, common: common, job: job, answeredByTheCache: cached,
+                                               owner: op, now: now),
+                                 cached ? nil : sharingKey(job, common)))
             }
             var actions: [Machine.Action] = []
             var stopped: FetchQError? = nil
