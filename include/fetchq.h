@@ -231,8 +231,9 @@ typedef void (*fq_async_fn)(fq_op *op, void *userdata);
  *                   Dependencies that finish after the dependent was
  *                   submitted always pass their result. An older one still
  *                   counts as succeeded, but fq_op_dependency() gives a
- *                   result with no value, headers or body whose
- *                   fq_result_error() says it is no longer kept. What is
+ *                   result with no value, HTTP status, headers, body or
+ *                   metrics whose fq_result_error() says it is no longer
+ *                   kept. What is
  *                   kept is the response (status, headers, body): the value
  *                   such a dependent reads is parsed again from the body on
  *                   its first read, equal to the callback's but another
@@ -248,8 +249,9 @@ typedef void (*fq_async_fn)(fq_op *op, void *userdata);
  *                   = none), "max_redirects" (default 5; 0 = do not follow),
  *                   "max_response_bytes" (default 16777216), "max_json_depth"
  *                   (default 512), "verify_tls" (default true), "ca_file"
- *                   (a PEM file; default the system store), "user_agent"
- *                   (default "fetchq/VERSION")
+ *                   (a PEM file, not ""; default the system store),
+ *                   "user_agent" (default "fetchq/VERSION"; "" sends no
+ *                   User-Agent header)
  *   "rate_limits"   {"HOST": {"per_second": r, "burst": b}, ...}: a token
  *                   bucket per host: at most b network operations start at
  *                   once and r per second on average; operations over the rate
@@ -297,10 +299,10 @@ int fq_engine_free(fq_engine *engine);
  * submit while it waits (a chain of callbacks, each submitting the next, is
  * waited for to its end). timeout_ms < 0 waits forever. Returns FQ_OK or
  * FQ_ERR_TIMEOUT; FQ_ERR_STATE when called from a callback or operation body
- * in thread or inline delivery mode (it would wait for itself). In poll mode it runs
- * the callbacks on the calling thread while it waits (with timeout_ms 0 it
- * does not wait but still runs the callbacks already waiting); from a
- * callback it returns FQ_ERR_STATE in poll mode too. */
+ * of the same engine, in every delivery mode (it could wait for itself). In
+ * poll mode it runs the callbacks on the calling thread while it waits (with
+ * timeout_ms 0 it does not wait but still runs the callbacks already
+ * waiting). */
 int fq_engine_wait_idle(fq_engine *engine, int timeout_ms);
 
 /* Log lines: `level` is one of the FQ_LOG_* values, `message` BORROWED for
@@ -341,8 +343,8 @@ int fq_engine_event_fd(fq_engine *engine);
 
 /* Poll mode: runs up to `max` waiting callbacks on the calling thread
  * (max <= 0: all that are waiting now). Returns how many ran, or a negative
- * status (FQ_ERR_STATE in thread or inline delivery mode or when called from inside a
- * callback). */
+ * status (FQ_ERR_STATE in thread or inline delivery mode, or when called from
+ * a callback or an operation body of the same engine). */
 int fq_engine_dispatch(fq_engine *engine, int max);
 
 /* ------------------------------------------------------------------ */

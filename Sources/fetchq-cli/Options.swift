@@ -24,7 +24,7 @@ struct CommonOptions: ParsableArguments {
     var timeout: Double?
 
     @Option(parsing: .unconditional,
-            help: ArgumentHelp("Retry a request up to n times on 408, 429, 5xx, network errors and timeouts, with backoff (idempotent methods only).",
+            help: ArgumentHelp("Retry a request up to n times on 408, 429, 500, 502, 503, 504, network errors and timeouts, with backoff (idempotent methods only).",
                                valueName: "n"))
     var retry: Int?
 
@@ -122,7 +122,8 @@ struct InputOptions: ParsableArguments {
     func all(_ given: [String], _ what: String) throws -> [String] {
         var list = given
         if let input {
-            let text = try Request.text(of: "@" + input, option: "--input")
+            let text = try Request.fileText(input, shown: input, option: "--input",
+                                            refusal: "--input reads one URL or query per line as text")
             // By bytes: as Characters, "\r\n" is one and would not split at "\n".
             for line in text.utf8.split(separator: UInt8(ascii: "\n")) {
                 let item = line.last == UInt8(ascii: "\r") ? line.dropLast() : line

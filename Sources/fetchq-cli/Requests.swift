@@ -113,7 +113,14 @@ struct Request: ParsableCommand {
     /// The argument itself, or the contents of @FILE / @- (stdin).
     static func text(of argument: String, option: String) throws -> String {
         guard argument.hasPrefix("@") else { return argument }
-        let path = String(argument.dropFirst())
+        return try fileText(String(argument.dropFirst()), shown: argument, option: option,
+                            refusal: "binary bodies are not supported")
+    }
+
+    /// The UTF-8 text of the file at `path` ("-": standard input). Errors
+    /// name `option` and `shown` (the argument as the user typed it), and a
+    /// file that is not UTF-8 is refused with `refusal` as the reason.
+    static func fileText(_ path: String, shown argument: String, option: String, refusal: String) throws -> String {
         let fd = path == "-" ? 0 : open(path, O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else {
             throw ValidationError("\(option) \(argument): \(String(cString: strerror(errno)))")
@@ -133,7 +140,7 @@ struct Request: ParsableCommand {
         }
         // The engine sends string bodies as text: refuse what would be altered.
         guard let text = String(validating: bytes, as: UTF8.self) else {
-            throw ValidationError("\(option) \(argument): not UTF-8 text (binary bodies are not supported)")
+            throw ValidationError("\(option) \(argument): not UTF-8 text (\(refusal))")
         }
         return text
     }

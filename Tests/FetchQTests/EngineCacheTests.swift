@@ -279,6 +279,49 @@ import Testing
         #expect(try serverCount("/search") == 1)
     }
 
+    /// A cache mode other than "default" where the cache cannot apply is
+    /// refused at submit (nothing is sent, no callback); only-if-cached went
+    /// to the server on a request with a body, another method, or an engine
+    /// whose cache is off.
+    @Test func cacheModesWhereTheCacheCannotApplyAreRefused() throws {
+        _ = try server.get("/stats/reset")
+        let url = server.url("/cache?max_age=60&key=refused")
+        func refusal(_ body: () throws -> OpID) -> String? {
+            do {
+                _ = try body()
+                return nil
+            } catch let error as FetchQError {
+                return error.status == .invalid ? error.message : "status \(error.status)"
+            } catch {
+                return "\(error)"
+            }
+        }
+        try withEngine { engine, queue, c in
+            for mode in ["only-if-cached", "reload", "stale-while-revalidate"] {
+                let post = refusal { try engine.request(#"{"url": "\#(url)", "method": "POST", "body": "x"}"#,
+                                                         options: #"{"cache": "\#(mode)"}"#, on: queue, c) }
+                #expect(post == "options.cache: \"\(mode)\" applies only to a GET without a body, not to a POST")
+                let withBody = refusal { try engine.request(#"{"url": "\#(url)", "body": "x"}"#,
+                                                             options: #"{"cache": "\#(mode)"}"#, on: queue, c) }
+                #expect(withBody == "options.cache: \"\(mode)\" applies only to a GET without a body, not to a GET with a body")
+                #expect(refusal { try engine.request(#"{"url": "\#(url)", "method": "DELETE"}"#,
+                                                      options: #"{"cache": "\#(mode)"}"#, on: queue, c) } != nil)
+            }
+            // "default" stays allowed on any request.
+            let post = try engine.request(#"{"url": "\#(url)", "method": "POST", "body": "x"}"#,
+                                          options: #"{"cache": "default"}"#, on: queue, c)
+            #expect(c.wait(post)?.outcome == .succeeded)
+        }
+        try withEngine(#"{"cache": {"max_bytes": 0}}"#) { engine, queue, c in
+            let get = refusal { try engine.request(#"{"url": "\#(url)"}"#, options: #"{"cache": "only-if-cached"}"#, on: queue, c) }
+            #expect(get == #"options.cache: "only-if-cached" needs the engine's HTTP cache, which config "cache" turns off (max_bytes 0)"#)
+            // The other modes simply ask the server.
+            let reload = try engine.request(#"{"url": "\#(url)"}"#, options: #"{"cache": "reload"}"#, on: queue, c)
+            #expect(c.wait(reload)?.outcome == .succeeded)
+        }
+        #expect(try serverCount("/cache") == 2)  // the two allowed requests, nothing else
+    }
+
     @Test func cacheCanBeTurnedOffAndPersisted() throws {
         _ = try server.get("/stats/reset")
         try withEngine(#"{"cache": {"max_bytes": 0}}"#) { engine, queue, c in

@@ -391,6 +391,11 @@ import Testing
             }
             #expect((m["total_ms"]?.doubleValue ?? 0) >= 250, "\(m.dumps())")
             #expect(m["from_cache"]?.boolValue == false)
+            // A connection refused: none was made, so none was reused
+            // (the metric said true when curl counted no new connection).
+            let refused = try #require(c.wait(try engine.request(#"{"url": "http://127.0.0.1:1/"}"#, on: queue, c)))
+            #expect(refused.status == .network)
+            #expect(refused.http?.metrics?["reused_connection"]?.boolValue == false)
             let l = try #require(c.wait(loop))
             #expect(l.status == .redirect)
             #expect(l.http?.metrics?["redirects"]?.integerValue == 3, "\(l.http?.metrics?.dumps() ?? "")")

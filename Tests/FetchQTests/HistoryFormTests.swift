@@ -33,6 +33,7 @@ import Testing
         var value: UnsafeMutablePointer<json_t>? = nil
         var text: String? = nil
         var body: [UInt8] = []
+        var message: String? = nil
     }
 
     /// Runs one operation (`submit` with a callback that reads the value and
@@ -76,6 +77,7 @@ import Testing
                 box.read.value = r?.value?.pointer
                 box.read.text = r?.value?.text
                 box.read.body = r?.bodyBytes.map(Array.init) ?? []
+                box.read.message = r?.message
                 return nil
             }, to: queue, options: options.pointer, completion: c.callback)
         }
@@ -159,6 +161,10 @@ import Testing
             }
             #expect(freed && !seen.hadForm)
             #expect(read.status == .ok && read.value == nil && read.body.isEmpty)
+            // What was dropped, said without an off-by-one ("more than 0" when none finished after it).
+            #expect(read.httpStatus == 0)
+            #expect(read.message?.hasSuffix("is no longer kept: at least history_values (0) network operations finished after it") == true,
+                    "\(read.message ?? "nil")")
             json_decref(seen.value)
         }
     }

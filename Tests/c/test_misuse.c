@@ -981,6 +981,10 @@ TEST(misuse_huge_option_values) {
     expect_bad_config("{\"rate_limits\": {\"*\": {\"per_second\": 1e300}}}", "per_second");
     expect_bad_config("{\"rate_limits\": {\"*\": {\"per_second\": 1, \"burst\": 1e300}}}", "burst");
     expect_bad_config("{\"cache\": {\"max_bytes\": 4611686018427387904}}", "max_bytes");
+    /* empty strings that cannot mean anything: refused, naming the key */
+    expect_bad_config("{\"ca_file\": \"\"}", "config.ca_file");
+    expect_bad_config("{\"cache\": {\"path\": \"\"}}", "config.cache.path");
+    expect_bad_request_options(q, "{\"ca_file\": \"\"}", "options.ca_file");
     CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));
     CHECK_EQ_INT(fqt_stat(e, "submitted", -1), 0);
 

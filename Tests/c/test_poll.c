@@ -71,6 +71,25 @@ typedef struct {
     fq_op_id follow_id;
 } poll_reentry;
 
+/* A body of a poll-mode engine that waits or dispatches: each is refused
+ * (it could wait for itself or run callbacks inside a body), also a wait for
+ * another queue than its own. */
+typedef struct {
+    rec self; /* first: rec_done sees the userdata as a rec */
+    fq_engine *e;
+    fq_queue *other;
+    _Atomic int rc_wait_other, rc_wait_idle, rc_dispatch;
+} poll_body_calls;
+
+static json_t *body_waits_and_dispatches(fq_op *op, void *userdata) {
+    (void)op;
+    poll_body_calls *c = userdata;
+    atomic_store(&c->rc_wait_other, fq_queue_wait(c->other, 100));
+    atomic_store(&c->rc_wait_idle, fq_engine_wait_idle(c->e, 100));
+    atomic_store(&c->rc_dispatch, fq_engine_dispatch(c->e, 0));
+    return NULL;
+}
+
 static void poll_reentrant_done(const fq_result *res, void *userdata) {
     poll_reentry *x = userdata;
     rec_done(res, &x->self);
@@ -117,6 +136,19 @@ TEST(poll_mode_waits_run_callbacks_here) {
     CHECK(pthread_equal(x.follow.thread, pthread_self()));
     rec_clear(&x.self);
     rec_clear(&x.follow);
+
+    /* waits and dispatch from an operation body: refused in poll mode too */
+    poll_body_calls pc;
+    memset(&pc, 0, sizeof pc);
+    pc.e = e;
+    pc.other = q2;
+    REQUIRE(fqt_block(q, body_waits_and_dispatches, NULL, rec_done, &pc) > 0);
+    CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));
+    CHECK_EQ_INT(atomic_load(&pc.self.calls), 1);
+    CHECK_EQ_INT(atomic_load(&pc.rc_wait_other), FQ_ERR_STATE);
+    CHECK_EQ_INT(atomic_load(&pc.rc_wait_idle), FQ_ERR_STATE);
+    CHECK_EQ_INT(atomic_load(&pc.rc_dispatch), FQ_ERR_STATE);
+    rec_clear(&pc.self);
 
     /* a timeout while an async op blocks, in poll mode too */
     rec a = {0};

@@ -387,6 +387,8 @@ def test_help_and_version(cli):
         assert r.returncode == 0
         out = r.stdout.decode()
         assert "Examples" in out and "fetchq " in out
+        if sub:  # --retry names the statuses retried (not every 5xx: 501 and 505 are not)
+            assert "5xx" not in out and "500, 502, 503, 504" in " ".join(out.split())
     r = run(cli, "--version")
     header = (ROOT / "include" / "fetchq.h").read_text()
     version = re.search(r'#define FQ_VERSION_STRING "([^"]+)"', header).group(1)
@@ -640,6 +642,11 @@ def test_input_reads_urls_and_queries_from_a_file_or_stdin(cli, server, tmp_path
     latin.write_bytes(b"http://x/caf\xe9\n")
     r = run(cli, "get", "--input", str(latin))
     assert r.returncode == 2 and b"not UTF-8" in r.stderr
+    # The message quotes the path as given (no "@") and says what --input reads.
+    assert f"--input {latin}: not UTF-8 text (--input reads one URL or query per line as text)".encode() in r.stderr
+    missing = tmp_path / "missing.txt"
+    r = run(cli, "get", "--input", str(missing))
+    assert r.returncode == 2 and f"--input {missing}: No such file or directory".encode() in r.stderr
 
 
 # ---------------------------------------------------------------- progress bar

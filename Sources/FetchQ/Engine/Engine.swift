@@ -414,7 +414,7 @@ public final class Engine: @unchecked Sendable {
                         // ("history_values") before this operation was submitted.
                         op.dependencies[i].payload = OperationResult(
                             id: dep.id, outcome: .succeeded, status: .ok,
-                            message: "the result of operation \(dep.id) is no longer kept: more than history_values "
+                            message: "the result of operation \(dep.id) is no longer kept: at least history_values "
                                 + "(\(config.historyValues)) network operations finished after it",
                             value: nil)
                     }

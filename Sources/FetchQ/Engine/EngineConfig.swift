@@ -67,7 +67,10 @@ public struct EngineConfig: Sendable {
         }
         if var c = try r.object("cache") {
             if let n = try c.int("max_bytes", in: 0...(1 << 40)) { cacheMaxBytes = n }
-            if let p = try c.string("path") { cachePath = p }
+            if let p = try c.string("path") {
+                guard !p.isEmpty else { throw FetchQError(.invalid, "\(c.path("path")): must not be empty (leave it out for a cache in memory only)") }
+                cachePath = p
+            }
             try c.finish()
         }
         if var s = try r.object("search") {
@@ -110,6 +113,9 @@ public struct NetworkLimits: Sendable {
         if let b = try r.bool("verify_tls") { verifyTLS = b }
         if let s = try r.string("ca_file") {
             guard !s.utf8.contains(0) else { throw FetchQError(.invalid, "\(r.path("ca_file")): must not contain NUL") }
+            guard !s.isEmpty else {
+                throw FetchQError(.invalid, "\(r.path("ca_file")): must not be empty (leave it out for the system store)")
+            }
             caFile = s
         }
         if let s = try r.string("user_agent") {

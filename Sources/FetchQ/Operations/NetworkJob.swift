@@ -329,6 +329,10 @@ struct NetworkSettings: Sendable {
         if var r = try r.object("retry") { retry = try RetryPolicy(reading: &r) }
         if let c = try r.bool("coalesce") { coalesce = c }
         if let m = try r.choice("cache", NetworkJob.CacheMode.allCases.map(\.rawValue)) { cache = NetworkJob.CacheMode(rawValue: m)! }
+        // Never answered otherwise: refused rather than sent to the server.
+        if cache == .onlyIfCached && config.cacheMaxBytes == 0 {
+            throw FetchQError(.invalid, "\(r.path("cache")): \"only-if-cached\" needs the engine's HTTP cache, which config \"cache\" turns off (max_bytes 0)")
+        }
     }
 
     /// Checks the URL and headers and applies the limits.
@@ -353,6 +357,13 @@ struct NetworkSettings: Sendable {
             guard !value.utf8.contains(where: { $0 == 13 || $0 == 10 || $0 == 0 }) else {
                 throw FetchQError(.invalid, "header \"\(name)\": the value contains CR, LF or NUL")
             }
+        }
+        // The cache serves only a GET without a body: another mode for
+        // another request would be ignored (only-if-cached would go to
+        // the server), so it is refused.
+        if cache != .default && (method != "GET" || body != nil) {
+            throw FetchQError(.invalid, "options.cache: \"\(cache.rawValue)\" applies only to a GET without a body, not to "
+                              + (method == "GET" ? "a GET with a body" : "a \(method)"))
         }
         var request = HTTPRequest(method: method, url: url, headers: headers, body: body)
         request.connectTimeoutMs = limits.connectTimeoutMs

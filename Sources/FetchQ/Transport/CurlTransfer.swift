@@ -399,8 +399,13 @@ final class CurlTransfer: @unchecked Sendable {
             default: metrics.httpVersion = ""
             }
         }
-        // NUM_CONNECTS counts the new connections this transfer made (0 = reused).
-        getLong(easy, CURLINFO_NUM_CONNECTS) { metrics.reusedConnection = $0 == 0 }
+        // NUM_CONNECTS counts the new connections this transfer made: 0 with
+        // a request sent is a reused connection; 0 with nothing sent is a
+        // transfer that never had one (refused, timed out connecting).
+        var connects = -1, requestBytes = 0
+        getLong(easy, CURLINFO_NUM_CONNECTS) { connects = $0 }
+        getLong(easy, CURLINFO_REQUEST_SIZE) { requestBytes = $0 }
+        metrics.reusedConnection = connects == 0 && requestBytes > 0
         return metrics
     }
 
