@@ -251,7 +251,11 @@ typedef void (*fq_async_fn)(fq_op *op, void *userdata);
  *                   (default 512), "verify_tls" (default true), "ca_file"
  *                   (a PEM file, not ""; default the system store),
  *                   "user_agent" (default "fetchq/VERSION"; "" sends no
- *                   User-Agent header)
+ *                   User-Agent header), "proxy" (an http:// or https://
+ *                   proxy URL every request goes through; "" for none; by
+ *                   default libcurl's environment variables http_proxy,
+ *                   https_proxy, all_proxy and no_proxy apply — lower case
+ *                   only for http_proxy, as curl reads it)
  *   "rate_limits"   {"HOST": {"per_second": r, "burst": b}, ...}: a token
  *                   bucket per host: at most b network operations start at
  *                   once and r per second on average; operations over the rate
@@ -274,7 +278,8 @@ typedef void (*fq_async_fn)(fq_op *op, void *userdata);
  *                   variable, else "warning"); lines go to standard error or
  *                   to the function set with fq_engine_set_log_fn()
  *   "search"        the search endpoint, an object:
- *                   "url" (a template containing {query}), "results" (a JSON
+ *                   "url" (a template containing {query} before any
+ *                   "#fragment"), "results" (a JSON
  *                   Pointer to the results array, default ""), "id" (pointer
  *                   to an item's id, default "/id"), "sort" (pointer to the
  *                   sort key; default none = server order), "order" ("asc" |
@@ -417,7 +422,7 @@ fq_op_id fq_submit_async(fq_queue *queue, fq_async_fn fn, const json_t *options,
 
 /* Network operations (requests and searches) also accept, in `options`:
  *   "connect_timeout_ms", "timeout_ms", "max_redirects", "max_response_bytes",
- *   "max_json_depth", "verify_tls", "ca_file", "user_agent" — overriding the
+ *   "max_json_depth", "verify_tls", "ca_file", "user_agent", "proxy" — overriding the
  *                engine's config for this operation (same meaning);
  *   "progress"   true: FQ_EVENT_PROGRESS events for this operation go to the
  *                engine's event function (see fq_engine_set_event_fn);
@@ -503,11 +508,20 @@ fq_op_id fq_submit_async(fq_queue *queue, fq_async_fn fn, const json_t *options,
  * from the transport at once and ends FQ_CANCELLED. */
 
 /* An HTTP request. `request` is BORROWED:
- *   "method"   any HTTP method token (default "GET")
+ *   "method"   any HTTP method token (default "GET") but CONNECT; HEAD and
+ *              TRACE cannot have a body; a PUT or PATCH without one is sent
+ *              with Content-Length: 0
  *   "url"      required; http:// or https:// only, with no space or control
- *              character (percent-encode them); otherwise FQ_ERR_INVALID
- *   "headers"  an object of strings; a name that is not a token or a value
- *              with CR, LF or NUL is FQ_ERR_INVALID
+ *              character (percent-encode them); otherwise FQ_ERR_INVALID.
+ *              Bytes that are not ASCII are sent percent-encoded (%XX, RFC
+ *              3987 §3.1); a host that is not ASCII is FQ_ERR_INVALID (write
+ *              it in its xn-- form). A password in the URL ("user:pw@") is
+ *              written *** in error messages and logs
+ *   "headers"  an object of strings; a name that is not a token, a value
+ *              with a control character other than HTAB, or Content-Length
+ *              or Transfer-Encoding (fetchq frames the body) is
+ *              FQ_ERR_INVALID. The URL and headers together hold at most
+ *              1000000 bytes (libcurl's limit on a request head)
  *   "query"    an object of strings/numbers/booleans, URL-encoded (RFC 3986)
  *              and appended to the URL
  *   "body"     a string (sent as is), or any other JSON value (serialized
@@ -552,7 +566,9 @@ int64_t fq_submit_requests(fq_queue *queue, const json_t *request, const char *c
                            fq_op_id *ids);
 
 /* A search: `query` (UTF-8, copied) is percent-encoded (RFC 3986) into the
- * {query} of the engine's "search" "url" template; the response is parsed,
+ * {query} of the engine's "search" "url" template (a query of dots alone,
+ * "." or "..", is written %2E in the path, so that it cannot be read as a
+ * dot-segment that moves the request to another path); the response is parsed,
  * the results array extracted at the "results" pointer and sorted by the
  * "sort" pointer (numbers numerically, strings by code point, items without
  * the key last). The value is {"query": q, "items": [...], "count": N}.

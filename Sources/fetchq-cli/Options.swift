@@ -32,6 +32,10 @@ struct CommonOptions: ParsableArguments {
                                valueName: "mode"))
     var cache: String?
 
+    @Option(help: ArgumentHelp("Send requests through this proxy (option \"proxy\"); \"\" for none, whatever http_proxy and all_proxy say. Default: those environment variables, as curl reads them.",
+                               valueName: "url"))
+    var proxy: String?
+
     @Flag(help: "Never draw the progress bar (it is drawn only when stderr is a terminal).")
     var noProgress = false
 
@@ -62,6 +66,7 @@ struct CommonOptions: ParsableArguments {
             options.set("retry", policy)
         }
         if let cache { options.set("cache", .string(cache)) }
+        if let proxy { options.set("proxy", .string(proxy)) }
         if progress { options.set("progress", .bool(true)) }
         return options
     }

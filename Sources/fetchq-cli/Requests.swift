@@ -170,7 +170,7 @@ func runRequests(method: String, body: JSONRef?, contentType: String?, urls: [St
         if let headers { request.set("headers", headers) }
         if let body { request.set("body", body) }
         let completion: Completion = { result in
-            guard session.ended(result, label: "\(method) \(url)") else { return }
+            guard session.ended(result, label: "\(method) \(URLUtilities.redactingPassword(url))") else { return }
             session.console.result(responseLine(method: method, url: url, result, include: include).dumps())
         }
         submits.append { engine, queue in

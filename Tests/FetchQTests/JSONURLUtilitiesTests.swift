@@ -42,6 +42,26 @@ import Testing
                 == "{q} {Query} {query")
     }
 
+    /// A query of dots alone in the path would be a dot-segment; elsewhere,
+    /// and any other query, is encoded as before.
+    @Test func expandTemplateWritesADotSegmentQueryEncodedInThePath() throws {
+        let t = "http://h/api/{query}/p?q={query}#{query}"
+        #expect(try URLUtilities.expandTemplate(t, query: "..") == "http://h/api/%2E%2E/p?q=..#..")
+        #expect(try URLUtilities.expandTemplate(t, query: ".") == "http://h/api/%2E/p?q=.#.")
+        #expect(try URLUtilities.expandTemplate(t, query: "...") == "http://h/api/%2E%2E%2E/p?q=...#...")
+        #expect(try URLUtilities.expandTemplate(t, query: "a..") == "http://h/api/a../p?q=a..#a..")
+        #expect(try URLUtilities.expandTemplate("http://h/{query}{query}", query: ".") == "http://h/%2E%2E")
+    }
+
+    @Test func nonASCIIBytesArePercentEncodedAndPasswordsRedacted() {
+        #expect(URLUtilities.encodingNonASCII("http://h/caf\u{e9}?q=\u{e9}&r=%c3%a9") == "http://h/caf%C3%A9?q=%C3%A9&r=%c3%a9")
+        #expect(URLUtilities.encodingNonASCII("http://h/a?b") == "http://h/a?b")
+        #expect(URLUtilities.redactingPassword("http://alice:s3cret@h:1/x?y=a:b@c") == "http://alice:***@h:1/x?y=a:b@c")
+        #expect(URLUtilities.redactingPassword("https://alice@h/x") == "https://alice@h/x")
+        #expect(URLUtilities.redactingPassword("http://h/x?u=a:b@c") == "http://h/x?u=a:b@c")
+        #expect(URLUtilities.redactingPassword("http://a:b:c@h/") == "http://a:***@h/")
+    }
+
     @Test func expandTemplateWithoutPlaceholderIsAnError() {
         let error = #expect(throws: URLTemplateError.self) {
             try URLUtilities.expandTemplate("https://api.test/search?q={q}", query: "x")

@@ -1134,29 +1134,43 @@ TEST(misuse_enormous_strings) {
     json_decref(st);
     fq_queue_free(named);
 
-    /* 1 MiB user agent, header value and search query, to a closed port:
-     * accepted (the header sets no limit), and refused like any request */
+    /* 1 MiB user agent, header value and search query: over the request
+     * head's limit (libcurl failed them as "out of memory", a network error
+     * that was retried), refused at submit with no callback; 900 000 bytes
+     * are accepted, and refused like any request by the closed port */
     char url[64];
     snprintf(url, sizeof url, "http://127.0.0.1:%d/x", fqt_closed_port());
     fq_queue *net = fqt_queue(e, "net", 4);
-    json_t *req = json_pack("{s:s, s:{s:s}}", "url", url, "headers", "x-big", big);
-    json_t *ua = json_pack("{s:s}", "user_agent", big);
-    json_t *plain = json_pack("{s:s}", "url", url);
     char tmpl[96];
     snprintf(tmpl, sizeof tmpl, "http://127.0.0.1:%d/s?q={query}", fqt_closed_port());
     json_t *so = json_pack("{s:s}", "url", tmpl);
-    rec n[3];
-    memset(n, 0, sizeof n);
-    CHECK(fq_submit_request(net, req, NULL, rec_done, &n[0]) > 0);
-    CHECK(fq_submit_request(net, plain, ua, rec_done, &n[1]) > 0);
-    CHECK(fq_submit_search(net, big, so, rec_done, &n[2]) > 0);
-    json_decref(req);
-    json_decref(ua);
+    json_t *plain = json_pack("{s:s}", "url", url);
+    for (int round = 0; round < 2; round++) {
+        big[round == 0 ? 1 << 20 : 900000] = '\0';
+        json_t *req = json_pack("{s:s, s:{s:s}}", "url", url, "headers", "x-big", big);
+        json_t *ua = json_pack("{s:s}", "user_agent", big);
+        rec n[3];
+        memset(n, 0, sizeof n);
+        fq_op_id ids[3] = {fq_submit_request(net, req, NULL, rec_done, &n[0]),
+                           fq_submit_request(net, plain, ua, rec_done, &n[1]),
+                           fq_submit_search(net, big, so, rec_done, &n[2])};
+        if (round == 0) CHECK_CONTAINS(fq_last_error(), "over the limit of 1000000");
+        json_decref(req);
+        json_decref(ua);
+        CHECK_OK(fq_queue_wait(net, FQT_LONG_MS));
+        for (int i = 0; i < 3; i++) {
+            if (round == 0) {
+                CHECK_EQ_INT(ids[i], FQ_ERR_INVALID);
+                check_never_called(&n[i], "a 1 MiB request head");
+            } else {
+                CHECK(ids[i] > 0);
+                check_once(&n[i], FQ_FAILED, FQ_ERR_NETWORK, "a 900 000-byte string to a closed port");
+            }
+        }
+        rec_clear_all(n, 3);
+    }
     json_decref(plain);
     json_decref(so);
-    CHECK_OK(fq_queue_wait(net, FQT_LONG_MS));
-    for (int i = 0; i < 3; i++) check_once(&n[i], FQ_FAILED, FQ_ERR_NETWORK, "1 MiB string to a closed port");
-    rec_clear_all(n, 3);
 
     CHECK_OK(fq_queue_set_suspended(paused, false));
     CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));

@@ -367,6 +367,25 @@ def test_usage_errors_exit_2(cli, args, needle):
     assert needle in r.stderr.decode()
 
 
+def test_requests_refused_at_submit_exit_2_and_passwords_are_not_shown(cli, server):
+    r = run(cli, "request", "-X", "HEAD", "--data", "x", server + "/echo")
+    assert r.returncode == 2 and b"a HEAD request cannot have a body" in r.stderr, r.stderr
+    r = run(cli, "request", "-H", "Content-Length: 2", "--data", "hello", server + "/echo")
+    assert r.returncode == 2 and b'header "Content-Length": set by fetchq from the body' in r.stderr, r.stderr
+    r = run(cli, "get", "http://bob:pw123@127.0.0.1:1/x")
+    assert r.returncode == 1 and b"http://bob:***@127.0.0.1:1/x" in r.stderr and b"pw123" not in r.stderr
+
+
+def test_proxy_option(cli, server):
+    origin = "http://127.0.0.1:1/echo?via=proxy"  # only a proxy can answer it
+    r = run(cli, "get", "--proxy", server, origin)
+    assert r.returncode == 0, r.stderr
+    assert lines(r.stdout)[0]["json"]["query"] == {"via": "proxy"}
+    r = subprocess.run([cli, "get", "--proxy", "", origin], capture_output=True, timeout=60,
+                       env={**os.environ, "http_proxy": server})
+    assert r.returncode == 1 and b"Couldn't connect" in r.stderr, r.stderr
+
+
 def test_engine_rejections_exit_2_and_send_nothing(cli, server):
     reset(server)
     # The first URL is fine and accepted; the second is refused: nothing runs.

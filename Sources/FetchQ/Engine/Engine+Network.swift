@@ -50,7 +50,7 @@ extension Engine {
                 // the transfer would).
                 guard job.cache != .onlyIfCached else {
                     finishRunning(op, OperationResult(id: op.id, outcome: .failed, status: .tooLarge,
-                                                      message: "GET \(job.request.url): the cached response body (\(entry.body.count) bytes) exceeds max_response_bytes (\(cap) bytes)",
+                                                      message: "GET \(URLUtilities.redactingPassword(job.request.url)): the cached response body (\(entry.body.count) bytes) exceeds max_response_bytes (\(cap) bytes)",
                                                       value: nil))
                     return
                 }
@@ -61,7 +61,7 @@ extension Engine {
             // served without asking the server (RFC 9111 §5.2.2.2).
             case (.onlyIfCached, .stale(let entry)) where entry.mustRevalidate:
                 finishRunning(op, OperationResult(id: op.id, outcome: .failed, status: .cacheMiss,
-                                                  message: "GET \(job.request.url): the cached response is stale and said must-revalidate (cache: only-if-cached)",
+                                                  message: "GET \(URLUtilities.redactingPassword(job.request.url)): the cached response is stale and said must-revalidate (cache: only-if-cached)",
                                                   value: nil))
                 return
             case (.staleWhileRevalidate, .stale(let entry)) where entry.mustRevalidate:
@@ -75,7 +75,7 @@ extension Engine {
                 return
             case (.onlyIfCached, .miss):
                 finishRunning(op, OperationResult(id: op.id, outcome: .failed, status: .cacheMiss,
-                                                  message: "GET \(job.request.url): not in the cache (cache: only-if-cached)", value: nil))
+                                                  message: "GET \(URLUtilities.redactingPassword(job.request.url)): not in the cache (cache: only-if-cached)", value: nil))
                 return
             case (.staleWhileRevalidate, .fresh(let entry)), (.staleWhileRevalidate, .stale(let entry)):
                 if let handler = lock.withLock({ eventHandler }) {

@@ -100,6 +100,9 @@ public struct NetworkLimits: Sendable {
     public var maxJSONDepth = 512
     public var verifyTLS = true
     public var caFile: String? = nil
+    /// nil: libcurl's proxy environment variables (http_proxy, https_proxy,
+    /// all_proxy, no_proxy); "": no proxy; else the proxy's URL.
+    public var proxy: String? = nil
     public var userAgent = "fetchq/\(fetchqVersionString)"
 
     mutating func read(_ r: inout OptionReader) throws(FetchQError) {
@@ -118,9 +121,16 @@ public struct NetworkLimits: Sendable {
             }
             caFile = s
         }
+        if let s = try r.string("proxy") {
+            guard s.isEmpty || URLUtilities.hostOf(url: s) != nil,
+                  !s.utf8.contains(where: { $0 <= 0x20 || $0 == 0x7F }) else {
+                throw FetchQError(.invalid, "\(r.path("proxy")): expected \"\" (no proxy) or an http:// or https:// URL with a host, got \"\(URLUtilities.redactingPassword(s))\"")
+            }
+            proxy = s
+        }
         if let s = try r.string("user_agent") {
-            guard !s.utf8.contains(where: { $0 == 13 || $0 == 10 || $0 == 0 }) else {
-                throw FetchQError(.invalid, "\(r.path("user_agent")): must not contain CR, LF or NUL")
+            guard !s.utf8.contains(where: { ($0 < 0x20 && $0 != 0x09) || $0 == 0x7F }) else {
+                throw FetchQError(.invalid, "\(r.path("user_agent")): must not contain a control character (CR, LF, NUL or another)")
             }
             userAgent = s
         }
@@ -139,19 +149,27 @@ public struct SearchEndpoint: Sendable {
         guard let url = try r.string("url") else {
             throw FetchQError(.invalid, "\(r.context): \"url\" is required")
         }
-        guard url.contains("{query}") else {
-            throw FetchQError(.invalid, "\(r.path("url")): the template must contain {query}")
-        }
+        try Self.checkTemplate(url, r.path("url"))
         self.url = url
         try override(&r)
+    }
+
+    /// A template must put {query} where it is sent: not only in the
+    /// fragment ("#..."), which no request carries (every query would then
+    /// send the same request).
+    private static func checkTemplate(_ url: String, _ path: String) throws(FetchQError) {
+        guard url.contains("{query}") else {
+            throw FetchQError(.invalid, "\(path): the template must contain {query}")
+        }
+        guard url.split(separator: "#", maxSplits: 1, omittingEmptySubsequences: false)[0].contains("{query}") else {
+            throw FetchQError(.invalid, "\(path): {query} must stand before the fragment (\"#...\"), which is not sent")
+        }
     }
 
     /// Applies the keys present in `r` (per-operation overrides).
     mutating func override(_ r: inout OptionReader) throws(FetchQError) {
         if let u = try r.string("url") {
-            guard u.contains("{query}") else {
-                throw FetchQError(.invalid, "\(r.path("url")): the template must contain {query}")
-            }
+            try Self.checkTemplate(u, r.path("url"))
             url = u
         }
         if let p = try pointer(&r, "results") { results = p }

@@ -53,6 +53,38 @@ public enum URLUtilities {
         return o
     }
 
+    /// `url` with every byte that is not ASCII percent-encoded (`%XX`,
+    /// uppercase), as RFC 3987 §3.1 maps an IRI to a URI: such bytes are not
+    /// allowed in an HTTP request-target (libcurl encoded them in the path
+    /// but sent them raw in the query). `url` itself when it is all ASCII.
+    public static func encodingNonASCII(_ url: String) -> String {
+        guard url.utf8.contains(where: { $0 >= 0x80 }) else { return url }
+        var out: [UInt8] = []
+        out.reserveCapacity(url.utf8.count * 2)
+        for byte in url.utf8 {
+            if byte < 0x80 {
+                out.append(byte)
+            } else {
+                out += [UInt8(ascii: "%"), hexDigit(byte >> 4), hexDigit(byte & 0x0F)]
+            }
+        }
+        return String(decoding: out, as: UTF8.self)
+    }
+
+    /// `url` as messages and logs show it: a password in its userinfo
+    /// (`user:password@`) is written `***`. `url` itself when it has none.
+    public static func redactingPassword(_ url: String) -> String {
+        let bytes = Array(url.utf8)
+        guard let scheme = bytes.firstIndex(of: UInt8(ascii: ":")), scheme + 2 < bytes.count,
+              bytes[scheme + 1] == UInt8(ascii: "/"), bytes[scheme + 2] == UInt8(ascii: "/") else { return url }
+        let start = scheme + 3
+        var end = start
+        while end < bytes.count, !"/?#".utf8.contains(bytes[end]) { end += 1 }
+        guard let at = bytes[start..<end].lastIndex(of: UInt8(ascii: "@")),
+              let colon = bytes[start..<at].firstIndex(of: UInt8(ascii: ":")) else { return url }
+        return String(decoding: bytes[..<(colon + 1)] + Array("***".utf8) + bytes[at...], as: UTF8.self)
+    }
+
     /// "{query}" (made once).
     private static let placeholder = Array("{query}".utf8)
 
@@ -84,14 +116,31 @@ public enum URLUtilities {
                     }
                 }
                 guard count > 0 else { return nil }
+                // A query of dots alone ("." or "..") standing where a path
+                // segment is would be a dot-segment, which the URL's
+                // normalization removes with the segment before it: the
+                // request would go to another path. In the path its dots are
+                // written %2E (RFC 3986 §2.3: the same characters).
+                let dotsOnly = !q.isEmpty && q.allSatisfy { $0 == UInt8(ascii: ".") }
                 return String(unsafeUninitializedCapacity: source.count + count * max(0, q.count * 3 - 7)) { out in
                     var o = 0
                     var i = 0
+                    var inPath = true  // before any "?" or "#" of the template
                     while i < source.count {
                         if isPlaceholder(at: i) {
-                            o = encode(q, into: out, at: o)
+                            if dotsOnly && inPath {
+                                for _ in 0..<q.count {
+                                    out[o] = UInt8(ascii: "%")
+                                    out[o + 1] = UInt8(ascii: "2")
+                                    out[o + 2] = UInt8(ascii: "E")
+                                    o += 3
+                                }
+                            } else {
+                                o = encode(q, into: out, at: o)
+                            }
                             i += 7
                         } else {
+                            if source[i] == UInt8(ascii: "?") || source[i] == UInt8(ascii: "#") { inPath = false }
                             out[o] = source[i]
                             o += 1
                             i += 1

@@ -215,7 +215,7 @@ extension NetworkJob {
                                        message: "operation \(id) was cancelled", value: nil, http: info)
             }
             return OperationResult(id: id, outcome: .failed, status: Self.status(of: error.kind),
-                                   message: "\(request.method) \(request.url): \(error.message)", value: nil, http: info)
+                                   message: "\(request.method) \(URLUtilities.redactingPassword(request.url)): \(error.message)", value: nil, http: info)
         case .success(let response):
             if cancelled {
                 return OperationResult(id: id, outcome: .cancelled, status: .cancelled,
@@ -251,7 +251,7 @@ extension NetworkJob {
                         case .unsupported: what = "the response is JSON that jansson cannot hold"
                         default: what = "the response is not valid JSON"
                         }
-                        parseError = "\(request.method) \(request.url): \(what): \(error)"
+                        parseError = "\(request.method) \(URLUtilities.redactingPassword(request.url)): \(what): \(error)"
                     }
                 }
             }
@@ -261,7 +261,7 @@ extension NetworkJob {
             info.lazyValueDepth = lazyDepth
             guard accepted else {
                 return OperationResult(id: id, outcome: .failed, status: .http,
-                                       message: "\(request.method) \(request.url): HTTP status \(response.status)",
+                                       message: "\(request.method) \(URLUtilities.redactingPassword(request.url)): HTTP status \(response.status)",
                                        value: value, http: info)
             }
             if let parseError {

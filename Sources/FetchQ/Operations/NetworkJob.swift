@@ -52,6 +52,7 @@ public struct NetworkJob: Sendable {
         var key = HTTPCache.key(method: "GET", url: request.url, headers: request.headers)
         if !request.verifyTLS { key += "\n:verify-tls: false" }
         if let ca = request.caFile { key += "\n:ca-file: " + ca }
+        if let proxy = request.proxy { key += "\n:proxy: " + proxy }
         if !request.followRedirects { key += "\n:follow-redirects: false" }
         // The User-Agent is sent like any header (an answer may Vary on it).
         key += "\n:user-agent: " + request.userAgent
@@ -81,7 +82,8 @@ public struct NetworkJob: Sendable {
         return CoalesceKey(.init(url: request.url, headers: headers, connectTimeoutMs: request.connectTimeoutMs,
                            timeoutMs: request.timeoutMs, followRedirects: request.followRedirects,
                            maxRedirects: request.maxRedirects, maxResponseBytes: request.maxResponseBytes,
-                           verifyTLS: request.verifyTLS, caFile: request.caFile, userAgent: request.userAgent,
+                           verifyTLS: request.verifyTLS, caFile: request.caFile, proxy: request.proxy,
+                           userAgent: request.userAgent,
                            progressIntervalMs: progressIntervalMs, cache: cache, maxWaitMs: maxWaitMs,
                            retry: retry.max > 0 ? retry : nil))
     }
@@ -335,29 +337,62 @@ struct NetworkSettings: Sendable {
         }
     }
 
+    /// The most a request's URL and headers may hold together: libcurl
+    /// builds the request head in a buffer of 1 MiB and fails a larger one
+    /// as "out of memory" (curl error 27), which is no network error.
+    static let maxRequestHeadBytes = 1_000_000
+
     /// Checks the URL and headers and applies the limits.
     func job(url: String, method: String, headers: [(name: String, value: String)],
              body: [UInt8]?) throws(FetchQError) -> NetworkJob {
         var url = url
-        let (host, plain) = url.withUTF8 { bytes in
-            (URLUtilities.hostOf(utf8: bytes), !bytes.contains(where: { $0 <= 0x20 || $0 == 0x7F }))
+        let (host, plain, ascii) = url.withUTF8 { bytes in
+            (URLUtilities.hostOf(utf8: bytes), !bytes.contains(where: { $0 <= 0x20 || $0 == 0x7F }),
+             !bytes.contains(where: { $0 >= 0x80 }))
         }
         guard let host else {
-            throw FetchQError(.invalid, "url \"\(url)\": only absolute http:// and https:// URLs with a host are allowed")
+            throw FetchQError(.invalid, "url \"\(URLUtilities.redactingPassword(url))\": only absolute http:// and https:// URLs with a host are allowed")
         }
         // Spaces and control characters must be percent-encoded: refused
         // here, at submit, rather than by the transport later.
         guard plain else {
-            throw FetchQError(.invalid, "url \"\(url)\": contains a space or a control character (percent-encode it)")
+            throw FetchQError(.invalid, "url \"\(URLUtilities.redactingPassword(url))\": contains a space or a control character (percent-encode it)")
         }
+        if !ascii {
+            // libcurl here resolves no internationalized names.
+            guard host.utf8.allSatisfy({ $0 < 0x80 }) else {
+                throw FetchQError(.invalid, "url \"\(URLUtilities.redactingPassword(url))\": the host is not ASCII (write an internationalized name in its xn-- form)")
+            }
+            url = URLUtilities.encodingNonASCII(url)
+        }
+        var headBytes = url.utf8.count + method.utf8.count + limits.userAgent.utf8.count
         for (name, value) in headers {
             guard !name.isEmpty, name.utf8.allSatisfy(isTokenByte) else {
                 throw FetchQError(.invalid, "header name \"\(name)\" is not a valid HTTP token")
             }
-            guard !value.utf8.contains(where: { $0 == 13 || $0 == 10 || $0 == 0 }) else {
-                throw FetchQError(.invalid, "header \"\(name)\": the value contains CR, LF or NUL")
+            // RFC 9110 §5.5: no control character but HTAB in a field value.
+            guard !value.utf8.contains(where: { ($0 < 0x20 && $0 != 0x09) || $0 == 0x7F }) else {
+                throw FetchQError(.invalid, "header \"\(name)\": the value contains a control character (CR, LF, NUL or another)")
             }
+            // The message's framing is fetchq's, from the body: a caller's
+            // own would let the body be read as another request (smuggling).
+            if TransportText.equalsIgnoringASCIICase(name, "content-length")
+                || TransportText.equalsIgnoringASCIICase(name, "transfer-encoding") {
+                throw FetchQError(.invalid, "header \"\(name)\": set by fetchq from the body, it cannot be given")
+            }
+            headBytes += name.utf8.count + value.utf8.count + 4
         }
+        guard headBytes <= Self.maxRequestHeadBytes else {
+            throw FetchQError(.invalid, "the request's URL and headers hold \(headBytes) bytes, over the limit of \(Self.maxRequestHeadBytes)")
+        }
+        if body != nil && (method == "HEAD" || method == "TRACE") {
+            throw FetchQError(.invalid, "a \(method) request cannot have a body")
+        }
+        if method == "CONNECT" {
+            throw FetchQError(.invalid, "method CONNECT is not supported (fetchq opens no tunnels)")
+        }
+        // RFC 9110 §8.6: a PUT or PATCH says its (empty) length, as a POST does.
+        let body = body == nil && (method == "PUT" || method == "PATCH") ? [] : body
         // The cache serves only a GET without a body: another mode for
         // another request would be ignored (only-if-cached would go to
         // the server), so it is refused.
@@ -373,6 +408,7 @@ struct NetworkSettings: Sendable {
         request.maxResponseBytes = limits.maxResponseBytes
         request.verifyTLS = limits.verifyTLS
         request.caFile = limits.caFile
+        request.proxy = limits.proxy
         request.userAgent = limits.userAgent
         var job = NetworkJob(request: request, host: host, maxJSONDepth: limits.maxJSONDepth)
         job.progressIntervalMs = progressIntervalMs
@@ -434,6 +470,7 @@ struct CoalesceKey: Hashable, Sendable {
         var maxResponseBytes: Int
         var verifyTLS: Bool
         var caFile: String?
+        var proxy: String?
         var userAgent: String
         var progressIntervalMs: Int?
         var cache: NetworkJob.CacheMode

@@ -192,6 +192,8 @@ final class CurlTransfer: @unchecked Sendable {
         long(CURLOPT_SSL_VERIFYPEER, r.verifyTLS ? 1 : 0, "SSL_VERIFYPEER")
         long(CURLOPT_SSL_VERIFYHOST, r.verifyTLS ? 2 : 0, "SSL_VERIFYHOST")
         if let ca = r.caFile { string(CURLOPT_CAINFO, ca, "CAINFO") }
+        // "" turns proxies off, the environment's included.
+        if let proxy = r.proxy { string(CURLOPT_PROXY, proxy, "PROXY") }
         string(CURLOPT_USERAGENT, r.userAgent, "USERAGENT")
         if r.acceptEncoding { string(CURLOPT_ACCEPT_ENCODING, "", "ACCEPT_ENCODING") }
 

@@ -33,6 +33,8 @@ package struct HTTPRequest: Sendable {
     package var verifyTLS: Bool
     /// A PEM bundle replacing the system CA store; nil = system store.
     package var caFile: String?
+    /// nil: the proxy environment variables; "": none; else the proxy's URL.
+    package var proxy: String? = nil
     package var userAgent: String
     /// true: send `Accept-Encoding` with every coding curl supports (gzip, deflate,
     /// br, zstd in this build) and decode the body. Decoding errors -> `.badContentEncoding`.

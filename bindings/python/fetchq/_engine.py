@@ -28,6 +28,7 @@ import logging
 import math
 import threading
 import weakref
+from collections.abc import Mapping
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 from . import _ffi
@@ -1116,14 +1117,29 @@ def _options_json(core: "_Core", options: Optional[Dict[str, Any]], extra: Any) 
         raise
 
 
+def _one_value_per_name(pairs: Any, what: str) -> Dict[str, Any]:
+    """A dict of ``pairs`` (a mapping, or an iterable of (name, value)):
+    a name given twice raises ValueError rather than keeping only the last
+    value (the request's JSON object holds one value per name)."""
+    if isinstance(pairs, Mapping):
+        return dict(pairs)
+    result: Dict[str, Any] = {}
+    for name, value in pairs:
+        if name in result:
+            raise ValueError(f"{what}: {name!r} is given twice (one value per name: join the values "
+                             f"into one, as the server expects)")
+        result[name] = value
+    return result
+
+
 def _request_extras(req: Dict[str, Any], headers: Optional[Dict[str, str]], params: Optional[Dict[str, Any]],
                     json: Any, data: Union[str, bytes, None]) -> None:
     """Adds a request's headers, query and body (from ``request``'s keyword
     arguments) to ``req``."""
     if headers is not None:
-        req["headers"] = dict(headers)
+        req["headers"] = _one_value_per_name(headers, "headers")
     if params is not None:
-        req["query"] = dict(params)
+        req["query"] = _one_value_per_name(params, "params")
     if json is not _UNSET and data is not None:
         raise TypeError("pass json= or data=, not both")
     if json is not _UNSET:
@@ -1675,7 +1691,7 @@ class Engine(_EngineBase):
     ``Engine(**config)`` takes the keys of ``fq_engine_new`` (workers,
     transfer_threads, aging_ms, history, history_values, max_per_host, connect_timeout_ms,
     timeout_ms, max_wait_ms, max_redirects, max_response_bytes,
-    max_json_depth, verify_tls, ca_file, user_agent, rate_limits, cache, log,
+    max_json_depth, verify_tls, ca_file, user_agent, proxy, rate_limits, cache, log,
     search={url, results, id, sort, order}). The library's log lines go to the ``logging``
     logger "fetchq.engine" (``use_logging=False``: standard error, the C
     default). Use it as a context manager, or call :meth:`close`.

@@ -61,6 +61,18 @@ def test_request_with_params_headers_and_json(net_engine: fetchq.Engine, server:
     assert json.loads(echo["body"]) == {"k": [1, 2.5, None], "s": "ü"}
 
 
+def test_params_and_headers_as_pairs_refuse_a_repeated_name(net_engine: fetchq.Engine, server: Server) -> None:
+    q = net_engine.queue("n")
+    echo = q.request("GET", server.url("/echo"), params=[("a", "1"), ("b", "2")],
+                     headers=[("X-A", "x")]).result(timeout=TIMEOUT).json()
+    assert echo["query"] == {"a": "1", "b": "2"} and echo["headers"]["x-a"] == "x"
+    # A repeated name was dropped silently (only the last value was sent).
+    with pytest.raises(ValueError, match="params: 'tag' is given twice"):
+        q.request("GET", server.url("/echo"), params=[("tag", "a"), ("tag", "b")])
+    with pytest.raises(ValueError, match="headers: 'X-A' is given twice"):
+        q.request("GET", server.url("/echo"), headers=[("X-A", "1"), ("X-A", "2")])
+
+
 def test_json_string_body_is_sent_as_json(net_engine: fetchq.Engine, server: Server) -> None:
     echo = net_engine.queue("n").request("POST", server.url("/echo"), json="hi").result(
         timeout=TIMEOUT).json()
@@ -223,6 +235,101 @@ def test_invalid_requests_fail_at_submit(net_engine: fetchq.Engine) -> None:
         q.request("GE\0T", "http://127.0.0.1/")
     assert 'GE\\0T' in info.value.message and len(info.value.message) > 20, info.value.message
     assert net_engine.pending_count == 0
+
+
+def test_request_framing_and_hygiene_are_checked_at_submit(net_engine: fetchq.Engine, server: Server) -> None:
+    """What the library sends must be one well-formed request: refused at
+    submit (nothing sent, no callback) where it could not be."""
+    q = net_engine.queue("n")
+    server.reset()
+    echo = server.url("/echo")
+    refused = [
+        # A caller's framing header let a body be read as a second request (smuggling).
+        (dict(method="POST", headers={"Content-Length": "0"}, data="GET /status/418 HTTP/1.1\r\nHost: x\r\n\r\n"),
+         'header "Content-Length": set by fetchq from the body, it cannot be given'),
+        (dict(method="POST", headers={"transfer-encoding": "chunked"}, data="x"),
+         'header "transfer-encoding": set by fetchq from the body, it cannot be given'),
+        # Control characters other than HTAB went onto the wire.
+        (dict(method="GET", headers={"X-A": "1\x01z"}), 'header "X-A": the value contains a control character'),
+        (dict(method="GET", headers={"X-A": "\x1b[31m"}), 'header "X-A": the value contains a control character'),
+        (dict(method="GET", user_agent="a\x7fb"), "options.user_agent: must not contain a control character"),
+        # Failed only in the callback.
+        (dict(method="HEAD", data=""), "a HEAD request cannot have a body"),
+        (dict(method="TRACE", data="abc"), "a TRACE request cannot have a body"),
+        (dict(method="CONNECT"), "method CONNECT is not supported"),
+        # Over libcurl's request-head buffer: it failed as a retried network error.
+        (dict(method="GET", headers={"X-Big": "x" * 1_000_000}), "over the limit of 1000000"),
+    ]
+    for kwargs, message in refused:
+        method = kwargs.pop("method")
+        with pytest.raises(fetchq.InvalidArgument) as info:
+            q.request(method, echo, **kwargs)
+        assert message in info.value.message, (method, kwargs, info.value.message)
+    with pytest.raises(fetchq.InvalidArgument, match="the host is not ASCII"):
+        q.get("http://\u00e9.localhost:1/a")
+    assert net_engine.pending_count == 0
+    assert server.stats()["requests"] == 0
+    assert q.get(echo, headers={"X-Tab": "a\tb"}).result(timeout=TIMEOUT).json()["headers"]["x-tab"] == "a\tb"
+
+    # Bytes that are not ASCII are percent-encoded in the path and the query
+    # alike (the query's were sent raw), with uppercase hex.
+    server.reset()
+    with pytest.raises(fetchq.HTTPError, match="404"):  # not a route: the target is what counts
+        q.get(server.url("/echo/caf\u00e9?q=\u00e9&r=%c3%a9")).result(timeout=TIMEOUT)
+    assert server.stats()["arrivals"] == ["/echo/caf%C3%A9?q=%C3%A9&r=%c3%a9"]
+    # A PUT or PATCH without a body says Content-Length: 0, as a POST does (RFC 9110 §8.6).
+    for method in ["PUT", "PATCH", "POST"]:
+        sent = q.request(method, echo).result(timeout=TIMEOUT).json()
+        assert sent["headers"].get("content-length") == "0", (method, sent["headers"])
+
+
+def test_proxy_config_and_option(server: Server, monkeypatch: Any) -> None:
+    """"proxy": a URL sends every request through it; "" sends none through
+    a proxy, whatever the environment says; absent, libcurl's http_proxy
+    (and all_proxy, no_proxy) apply."""
+    origin = "http://127.0.0.1:1/echo?via=proxy"  # nothing listens there: only a proxy can answer
+    with fetchq.Engine(proxy=server.url("")) as engine:
+        server.reset()
+        r = engine.queue("p").get(origin).result(timeout=TIMEOUT)
+        assert r.json()["query"] == {"via": "proxy"}
+        assert server.stats()["arrivals"] == [origin]  # absolute-form: it was asked as a proxy
+        with pytest.raises(fetchq.NetworkError):  # the option overrides the config: no proxy
+            engine.queue("p").get(origin, proxy="").result(timeout=TIMEOUT)
+    monkeypatch.setenv("http_proxy", server.url(""))
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    with fetchq.Engine() as engine:
+        server.reset()
+        assert engine.queue("p").get(origin).result(timeout=TIMEOUT).status == 200
+        assert server.stats()["arrivals"] == [origin]
+    with fetchq.Engine(proxy="") as engine:
+        with pytest.raises(fetchq.NetworkError):
+            engine.queue("p").get(origin).result(timeout=TIMEOUT)
+    with pytest.raises(fetchq.InvalidArgument, match="config.proxy: expected"):
+        fetchq.Engine(proxy="socks5 ://x")
+
+
+def test_a_password_in_the_url_is_not_shown_in_messages(net_engine: fetchq.Engine) -> None:
+    with pytest.raises(fetchq.NetworkError) as info:
+        net_engine.queue("n").get("http://alice:s3cret@127.0.0.1:1/x").result(timeout=TIMEOUT)
+    assert "s3cret" not in str(info.value)
+    assert "http://alice:***@127.0.0.1:1/x" in str(info.value), str(info.value)
+
+
+def test_a_search_query_of_dots_stays_one_path_segment(server: Server) -> None:
+    """A query "." or ".." in a path template was a dot-segment: the request
+    went to /api/profile instead of /api/users/../profile's segment."""
+    template = server.url("/api/users/{query}/profile?q={query}")
+    with fetchq.Engine(search={"url": template, "results": "/results"}) as engine:
+        q = engine.queue("s")
+        for query, target in [("..", "/api/users/%2E%2E/profile?q=.."), (".", "/api/users/%2E/profile?q=."),
+                              ("a.b", "/api/users/a.b/profile?q=a.b")]:
+            server.reset()
+            with pytest.raises(fetchq.HTTPError):  # no such route: 404
+                q.search(query).result(timeout=TIMEOUT)
+            assert server.stats()["arrivals"] == [target], query
+    with pytest.raises(fetchq.InvalidArgument, match="must stand before the fragment"):
+        fetchq.Engine(search={"url": server.url("/s#{query}")})
 
 
 @pytest.fixture(scope="module")
