@@ -285,7 +285,10 @@ typedef void (*fq_async_fn)(fq_op *op, void *userdata);
  *                   sort key; default none = server order), "order" ("asc" |
  *                   "desc", default "desc")
  * On failure returns NULL and, if errbuf is not NULL, writes a NUL-terminated
- * message of at most errlen bytes (also available from fq_last_error()). */
+ * message of at most errlen bytes (also available from fq_last_error()).
+ * After fork(), an engine made before belongs to the parent: its threads do
+ * not exist in the child, so the child must neither use nor free it (make a
+ * new engine there). */
 fq_engine *fq_engine_new(const json_t *config, char *errbuf, size_t errlen);
 
 /* Frees the engine: cancels every pending operation, signals running ones to

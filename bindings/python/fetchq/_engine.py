@@ -13,8 +13,18 @@ Lifetime rules (what keeps what alive):
 * ``weakref.finalize(engine, _finalize, core)`` frees a forgotten engine; it
   also runs at interpreter exit (``atexit``), before modules are torn down, so
   ``fq_engine_free`` cancels and delivers pending work while the callbacks are
-  still alive. A pending operation's state references its queue and engine,
-  so an engine dropped with work pending is freed once that work finishes.
+  still alive. A pending operation's state references its engine, so an
+  engine dropped with work pending is freed once that work finishes; a queue
+  references its engine weakly (no reference cycle: an engine dropped with
+  no work pending is freed at once, even with the cyclic collector off).
+* Counters of calls into C (``core.inflight``, ``Queue._users``) are changed
+  only inline inside ``with core.lock:`` blocks, in statements that call
+  nothing: CPython raises a KeyboardInterrupt only at calls and jumps, so an
+  interrupt cannot leave a count that never returns to zero (which made
+  ``close()`` wait for ever).
+* After ``os.fork()`` the child forgets every engine it inherited (their
+  threads do not exist there): using one raises ShutdownError, and its
+  finalizer frees nothing.
 """
 
 from __future__ import annotations
@@ -26,10 +36,12 @@ import itertools
 import json as _json
 import logging
 import math
+import os
 import threading
+import time
 import weakref
 from collections.abc import Mapping
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, TypeVar, Union
 
 from . import _ffi
 from ._ffi import (
@@ -575,7 +587,10 @@ def current_op() -> Op:
 # --------------------------------------------------------------------------
 # Futures
 
-class Future(concurrent.futures.Future):  # type: ignore[type-arg]
+_T = TypeVar("_T")
+
+
+class Future(concurrent.futures.Future[_T]):
     """A ``concurrent.futures.Future`` bound to one operation.
 
     ``cancel()`` cancels the operation, also while it runs: it returns True
@@ -623,7 +638,7 @@ class Future(concurrent.futures.Future):  # type: ignore[type-arg]
                 pass
 
 
-class AsyncFuture(asyncio.Future):  # type: ignore[type-arg]
+class AsyncFuture(asyncio.Future[_T]):
     """An ``asyncio.Future`` bound to one operation (AsyncEngine).
 
     Awaiting it gives the result; ``cancel()`` (also through cancelling a task
@@ -663,7 +678,7 @@ class AsyncFuture(asyncio.Future):  # type: ignore[type-arg]
             asyncio.Future.cancel(self, msg=self._cancel_msg)
 
 
-AnyFuture = Union[Future, AsyncFuture]
+AnyFuture = Union["Future[Any]", "AsyncFuture[Any]"]
 
 
 # --------------------------------------------------------------------------
@@ -671,7 +686,7 @@ AnyFuture = Union[Future, AsyncFuture]
 
 class _OpState:
     __slots__ = ("future", "kind", "fn", "args", "pass_op", "progress", "on_child",
-                 "on_update", "queue", "cause")
+                 "on_update", "queue", "engine", "cause", "interrupted")
 
     def __init__(self, kind: str, queue: "Queue", fn: Optional[Callable[..., Any]] = None,
                  args: Tuple[Any, ...] = (), pass_op: bool = False,
@@ -679,7 +694,11 @@ class _OpState:
                  on_child: Optional[Callable[[Result], Any]] = None,
                  on_update: Optional[Callable[[Any], Any]] = None) -> None:
         self.kind = kind            # "block" | "request" | "search" | "search_all"
-        self.queue = queue          # keeps queue and engine alive while pending
+        self.queue = queue          # keeps the queue alive while pending
+        self.engine = queue._engine_ref()   # and the engine (a queue holds it weakly)
+        # an exception (a KeyboardInterrupt) interrupted the submit after the
+        # library may have taken it: its completion, or close, resolves it quietly
+        self.interrupted = False
         self.fn = fn
         self.args = args
         self.pass_op = pass_op
@@ -728,6 +747,7 @@ class _Core:
         self.submit_lock = threading.Lock()  # submit+register of progress ops
         self.inflight = 0
         self.closing = False
+        self.closed_message = "the engine is closed"
         self.handle: Any = None
         self.fd = -1
         self.pending: Dict[int, _OpState] = {}
@@ -757,28 +777,60 @@ class _Core:
             self.lib.fq_engine_set_log_fn(self.handle, self.log_cb, None)
         if mode == "poll":
             self.fd = self.lib.fq_engine_event_fd(self.handle)
+        _live_cores.add(self)
+
+    def forget_after_fork(self) -> None:
+        """In a child after os.fork(): the engine's threads are the parent's
+        and do not exist here, so nothing may call or free it (the memory is
+        left as it is). Its locks may have been held by a parent thread."""
+        self.lock = threading.Lock()
+        self.idle = threading.Condition(self.lock)
+        self.submit_lock = threading.Lock()
+        self.handle = None
+        self.closing = True
+        self.closed_message = "the engine belongs to the parent process (os.fork): make a new one here"
+        self.inflight = 0
+        self.pending.clear()
+        self.by_op.clear()
+        self.async_ops.clear()
+        for q in list(self.queues):
+            q._handle = None
+            q._users = 0
 
     # -- guarding the handle against a concurrent close -------------------
 
-    def enter(self) -> Any:
-        with self.lock:
-            if self.closing or self.handle is None:
-                raise ShutdownError("the engine is closed")
-            self.inflight += 1
-            return self.handle
-
-    def exit(self) -> None:
-        with self.lock:
-            self.inflight -= 1
-            if self.inflight == 0 and self.closing:
-                self.idle.notify_all()
-
     def call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        h = self.enter()
+        """``fn(handle, *args)``, counted in ``inflight`` (see the module's
+        lifetime rules for why the counting is written inline)."""
+        entered = False
         try:
+            with self.lock:
+                if self.closing or self.handle is None:
+                    raise ShutdownError(self.closed_message)
+                h = self.handle
+                self.inflight += 1
+                entered = True
             return fn(h, *args)
         finally:
-            self.exit()
+            if entered:
+                with self.lock:
+                    self.inflight -= 1
+                    if self.inflight == 0 and self.closing:
+                        self.idle.notify_all()
+
+    def call_sliced(self, fn: Callable[..., Any], timeout: Optional[float], *args: Any) -> None:
+        """A blocking wait ``fn(handle, *args, timeout_ms)`` made in slices of
+        at most 0.1 s, so that Ctrl-C (KeyboardInterrupt) and close() get in
+        between: a wait inside C runs no Python signal handler."""
+        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        while True:
+            left = 0.1 if deadline is None else min(0.1, max(0.0, deadline - time.monotonic()))
+            try:
+                fn(*args, _timeout_ms(left))
+                return
+            except Timeout:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise
 
     # -- ids, futures, cancel ----------------------------------------------
 
@@ -798,6 +850,7 @@ class _Core:
         return _c_int(ref, "operation id", 64)
 
     def request_cancel(self, fut: AnyFuture) -> bool:
+        entered = False
         with self.lock:
             if fut._cancel_wanted:          # already accepted: it will end cancelled
                 return True
@@ -808,10 +861,15 @@ class _Core:
                 return True                 # close cancels everything still pending
             handle = self.handle
             self.inflight += 1
+            entered = True
         try:
             status = self.lib.fq_cancel(handle, fut._op_id)
         finally:
-            self.exit()
+            if entered:
+                with self.lock:
+                    self.inflight -= 1
+                    if self.inflight == 0 and self.closing:
+                        self.idle.notify_all()
         if status == FQ_OK:
             fut._cancel_wanted = True
             return True
@@ -1012,11 +1070,7 @@ class _Core:
     # -- poll mode ----------------------------------------------------------
 
     def dispatch(self, max_count: int = 0) -> int:
-        h = self.enter()
-        try:
-            return int(self.lib.fq_engine_dispatch(h, _c_int(max_count, "max_count")))
-        finally:
-            self.exit()
+        return int(self.call(self.lib.fq_engine_dispatch, _c_int(max_count, "max_count")))
 
     def on_readable(self) -> None:
         try:
@@ -1039,7 +1093,7 @@ class _Core:
                 return
             if self.closing:                # another thread is closing it
                 while self.handle is not None:
-                    self.idle.wait()
+                    self.idle.wait(0.1)
                 return
             self.closing = True
             handle = self.handle
@@ -1054,8 +1108,8 @@ class _Core:
             op._finish_for_close()
         self.async_ops.clear()
         with self.lock:
-            while self.inflight:
-                self.idle.wait()
+            while self.inflight > 0:
+                self.idle.wait(0.1)
         try:
             self.lib.fq_engine_free(handle)  # delivers every outstanding completion
         finally:
@@ -1065,7 +1119,10 @@ class _Core:
             for q in list(self.queues):
                 q._handle = None
             self.json_cache.clear()         # no submit is in flight any more
-        leftover = list(self.pending.values())
+        leftover = [s for s in self.pending.values() if not s.interrupted]
+        for state in self.pending.values():
+            if state.interrupted:           # its submit raised: nobody holds the future
+                self._resolve(state.future, "exception", ShutdownError(self.closed_message))
         self.pending.clear()
         if leftover:
             self._violation("fq_engine_free returned with %d completion(s) never delivered"
@@ -1073,6 +1130,18 @@ class _Core:
             for state in leftover:
                 self._resolve(state.future, "exception", ShutdownError(
                     "libfetchq freed the engine without completing this operation"))
+
+
+_live_cores: "weakref.WeakSet[_Core]" = weakref.WeakSet()
+
+
+def _forget_engines_in_child() -> None:
+    for core in list(_live_cores):
+        core.forget_after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_engines_in_child)
 
 
 def _finalize(core: _Core, remove_reader: Optional[Callable[[], None]]) -> None:
@@ -1189,32 +1258,50 @@ class Queue:
     """
 
     def __init__(self, engine: "_EngineBase", name: str, max_concurrent: int) -> None:
-        self._engine = engine
+        # weak: the engine holds its queues (a strong one made a cycle that
+        # kept a dropped engine and its threads until the cyclic collector ran)
+        self._engine_ref = weakref.ref(engine)
         self._core = engine._core
         self.name = name
         self._max = max_concurrent
         self._suspended = False
+        # calls into C with this queue's handle now (under core.lock): close()
+        # frees the handle only once they have returned
+        self._users = 0
         raw = _ffi.encode_str(name, "queue name")
         self._handle: Any = self._core.call(self._core.lib.fq_queue_new, raw,
                                             _c_int(max_concurrent, "max_concurrent"))
 
-    def _enter(self) -> Any:
-        self._core.enter()
-        if self._handle is None:
-            self._core.exit()
-            raise StateError("queue %r is closed" % self.name)
-        return self._handle
-
     def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        h = self._enter()
+        """``fn(handle, *args)``, counted as a use of the queue and of the
+        engine (inline: see the module's lifetime rules)."""
+        core = self._core
+        entered = False
         try:
+            with core.lock:
+                if core.closing or core.handle is None:
+                    raise ShutdownError(core.closed_message)
+                h = self._handle
+                if h is None:
+                    raise StateError("queue %r is closed" % self.name)
+                core.inflight += 1
+                self._users += 1
+                entered = True
             return fn(h, *args)
         finally:
-            self._core.exit()
+            if entered:
+                with core.lock:
+                    core.inflight -= 1
+                    self._users -= 1
+                    if (core.inflight == 0 and core.closing) or (self._users == 0 and self._handle is None):
+                        core.idle.notify_all()
 
     @property
     def engine(self) -> "_EngineBase":
-        return self._engine
+        engine = self._engine_ref()
+        if engine is None:
+            raise StateError("the engine of queue %r was freed" % self.name)
+        return engine
 
     @property
     def max_concurrent(self) -> int:
@@ -1244,25 +1331,60 @@ class Queue:
     def wait(self, timeout: Optional[float] = None) -> None:
         """Blocks until every operation of the queue finished and its future
         is resolved; raises :class:`fetchq.Timeout` when ``timeout`` (seconds)
-        runs out, StateError from inside a callback or body."""
-        self._call(self._core.lib.fq_queue_wait, _timeout_ms(timeout))
+        runs out, StateError from inside a callback or body (and when the
+        queue is closed meanwhile). Ctrl-C interrupts it."""
+        self._core.call_sliced(self._call, timeout, self._core.lib.fq_queue_wait)
 
     def close(self) -> None:
         """Frees the queue: operations not started are cancelled; running ones
-        finish. The queue cannot be used afterwards."""
-        with self._engine._queues_lock:
-            if self._engine._queues.get(self.name) is self:
-                del self._engine._queues[self.name]
-        with self._core.lock:
-            handle, self._handle = self._handle, None
-            self._core.queues.discard(self)
-            if handle is None or self._core.handle is None:
-                return
-            self._core.inflight += 1
+        finish. The queue cannot be used afterwards; calls other threads are
+        making with it return first (from one of the engine's callbacks or
+        bodies, the queue is freed by another thread once they have)."""
+        engine = self._engine_ref()
+        if engine is not None:
+            with engine._queues_lock:
+                if engine._queues.get(self.name) is self:
+                    del engine._queues[self.name]
+        core = self._core
+        entered = False
         try:
-            self._core.lib.fq_queue_free(handle)
+            with core.lock:
+                handle, self._handle = self._handle, None
+                core.queues.discard(self)
+                if handle is None or core.handle is None:
+                    return
+                core.inflight += 1           # the free below is a call into C
+                entered = True
+                busy = self._users > 0
+            if busy and core.in_callback():
+                # waiting here could wait for a callback that this thread runs
+                threading.Thread(target=self._free, args=(handle,), name="fetchq-queue-close",
+                                 daemon=True).start()
+                entered = False              # the thread ends the count
+                return
+            self._free(handle, counted=False)
         finally:
-            self._core.exit()
+            if entered:
+                with core.lock:
+                    core.inflight -= 1
+                    if core.inflight == 0 and core.closing:
+                        core.idle.notify_all()
+
+    def _free(self, handle: Any, counted: bool = True) -> None:
+        """Frees ``handle`` once no other thread uses it; with ``counted``,
+        then ends the engine's count of calls that ``close`` began."""
+        core = self._core
+        try:
+            with core.lock:
+                while self._users:
+                    core.idle.wait(0.1)
+            core.lib.fq_queue_free(handle)
+        finally:
+            if counted:
+                with core.lock:
+                    core.inflight -= 1
+                    if core.inflight == 0 and core.closing:
+                        core.idle.notify_all()
 
     # -- submitting ---------------------------------------------------------
 
@@ -1296,38 +1418,54 @@ class Queue:
         pending = core.pending
         pending[token] = state
         lock = core.lock
+        entered = called = False
+        op_id = None
+        wanted = False
         try:
-            with lock:                      # core.enter(), then the queue's handle
-                if core.closing or core.handle is None:
-                    raise ShutdownError("the engine is closed")
-                h = self._handle
-                if h is None:
-                    raise StateError("queue %r is closed" % self.name)
-                core.inflight += 1
             try:
+                with lock:                  # counted inline: see the module's lifetime rules
+                    if core.closing or core.handle is None:
+                        raise ShutdownError(core.closed_message)
+                    h = self._handle
+                    if h is None:
+                        raise StateError("queue %r is closed" % self.name)
+                    core.inflight += 1
+                    self._users += 1
+                    entered = True
+                called = True
                 if state.progress is None and state.on_child is None and state.on_update is None:
                     op_id = call(h, opts, token)
                 else:                       # events are routed by op id (see by_op)
                     with core.submit_lock:
                         op_id = call(h, opts, token)
                         core.by_op[op_id] = state
-            except BaseException:
-                core.exit()
-                raise
+            finally:
+                if entered:                 # and, submitted, what core.submitted does
+                    with lock:
+                        core.inflight -= 1
+                        self._users -= 1
+                        if op_id is not None:
+                            fut._op_id = op_id
+                            wanted = fut._cancel_wanted
+                            fut._cancel_wanted = False
+                        if (core.inflight == 0 and core.closing) or (self._users == 0 and self._handle is None):
+                            core.idle.notify_all()
+        except FetchqError:
+            pending.pop(token, None)        # refused (by us or the library): no callback comes
+            raise
         except BaseException:
-            pending.pop(token, None)
+            if called:
+                # Interrupted (Ctrl-C) in or after the library's submit: it
+                # may have taken the operation, whose completion still comes
+                # for this token (or close resolves it); nobody holds the future.
+                state.interrupted = True
+            else:
+                pending.pop(token, None)
             raise
         finally:
             # both are ours alone: the library copies what it keeps
             _ffi.free_private(owned)
             _ffi.free_private(extra)
-        with lock:                          # core.exit() and core.submitted(fut, op_id)
-            core.inflight -= 1
-            if core.inflight == 0 and core.closing:
-                core.idle.notify_all()
-            fut._op_id = op_id
-            wanted = fut._cancel_wanted
-            fut._cancel_wanted = False
         if wanted:                          # cancel() ran while we were submitting
             core.request_cancel(fut)
         return fut
@@ -1527,18 +1665,19 @@ class Queue:
             futures.append(fut)
         stopped: Optional[BaseException] = None
         try:
-            h = self._enter()
-            try:
-                count = L.fq_submit_requests(h, template, url_array, n, opts, core.completion_cb, userdata, ids)
-            finally:
-                core.exit()
+            count = self._call(L.fq_submit_requests, template, url_array, n, opts, core.completion_cb,
+                               userdata, ids)
             _ffi.check(count)                   # nothing submitted: raise (the message is read at once)
             if count < n:                       # stopped part way: read the reason at once
                 message = _ffi.last_error_message() or "the queue stopped taking requests"
                 stopped = (ShutdownError if core.closing else StateError)(message)
-        except BaseException:
+        except FetchqError:                 # nothing was submitted: no callback comes
             for token in tokens:
                 pending.pop(token, None)
+            raise
+        except BaseException:               # interrupted (Ctrl-C): the library may have them
+            for token in tokens:
+                pending[token].interrupted = True
             raise
         finally:
             _ffi.free_private(owned)
@@ -1617,7 +1756,7 @@ class _EngineBase:
     # threads asking for the same new name get the same queue.
     _queues_lock: threading.Lock
 
-    def queue(self, name: str, max_concurrent: Optional[int] = None) -> Any:
+    def queue(self, name: str, max_concurrent: Optional[int] = None) -> Queue:
         """The queue named ``name``, created on first use with
         ``max_concurrent`` (default 4); for an existing queue a different
         ``max_concurrent`` is applied."""
@@ -1718,8 +1857,9 @@ class Engine(_EngineBase):
 
     def wait_idle(self, timeout: Optional[float] = None) -> None:
         """Blocks until every operation finished and its future is resolved;
-        raises :class:`fetchq.Timeout`."""
-        self._core.call(self._core.lib.fq_engine_wait_idle, _timeout_ms(timeout))
+        raises :class:`fetchq.Timeout`. Ctrl-C interrupts it."""
+        core = self._core
+        core.call_sliced(core.call, timeout, core.lib.fq_engine_wait_idle)
 
     def __enter__(self) -> "Engine":
         return self
@@ -1799,17 +1939,23 @@ class AsyncEngine(_EngineBase):
     async def aclose(self, timeout: Optional[float] = 30.0) -> None:
         """Cancels everything, lets the completions arrive through the loop,
         then frees the engine."""
-        if not self.closed:
-            self.cancel_all()
-            try:
+        try:
+            if not self.closed:
+                self.cancel_all()
                 # Not for async operations already started: cancelled now,
                 # they end when their code finishes them, or at close(),
                 # cancelled either way (as Engine.close() does). Waiting for
                 # them would wait out the timeout for a finish nobody may call.
                 await _await_pending(self._core, lambda s: True, timeout, started_async_too=False)
-            except Timeout:
-                pass
-        self.close()
+        except Timeout:
+            pass
+        finally:
+            self.close()                    # also when the awaiting task was cancelled
+
+    def queue(self, name: str, max_concurrent: Optional[int] = None) -> AsyncQueue:
+        q = super().queue(name, max_concurrent)
+        assert isinstance(q, AsyncQueue)
+        return q
 
     async def wait_idle(self, timeout: Optional[float] = None) -> None:
         """Waits (on the loop) until every future is resolved."""

@@ -48,8 +48,10 @@ def test_engine_with_pending_work_stays_alive_until_it_finishes() -> None:
     assert ref() is not None            # kept by the pending operation
     gate.set()
     assert fut.result(timeout=TIMEOUT) is True
+    # The last reference goes with the operation's state, in its completion
+    # on the delivery thread: the finalizer hands the free to another thread.
     deadline = time.monotonic() + TIMEOUT
-    while ref() is not None and time.monotonic() < deadline:
+    while (ref() is not None or core.handle is not None) and time.monotonic() < deadline:
         gc.collect()
         time.sleep(0.01)
     assert ref() is None and core.handle is None
@@ -178,3 +180,183 @@ def test_callbacks_stay_alive_while_c_holds_them() -> None:
         for _ in range(20):
             gc.collect()
         assert [f.result(timeout=TIMEOUT)[0] for f in futs] == list(range(2000))
+
+
+# -- races with close, interrupts, fork, reference cycles (third review) -------
+
+
+def test_closing_a_queue_while_other_threads_use_it() -> None:
+    """Queue.close() freed the handle while other threads were still in a
+    C call with it: SIGSEGV in 4 of 7 runs (run in a child to see a crash)."""
+    r = run_script("""
+        import threading, time, fetchq
+        unexpected = []
+        for round_ in range(12):
+            with fetchq.Engine() as e:
+                q = e.queue("r", max_concurrent=2)
+                def user(i):
+                    for n in range(2000):
+                        try:
+                            if i % 4 == 3:
+                                q.set_max_concurrent(1 + n % 3)
+                            else:
+                                q.submit(int)
+                        except fetchq.StateError:
+                            return                      # "queue 'r' is closed"
+                        except BaseException as ex:
+                            unexpected.append(repr(ex))
+                            return
+                ths = [threading.Thread(target=user, args=(i,)) for i in range(8)]
+                for t in ths: t.start()
+                time.sleep(0.01)
+                q.close()
+                for t in ths: t.join(20)
+                assert not any(t.is_alive() for t in ths)
+        print("ok", unexpected)
+    """)
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+    assert r.stdout.strip() == "ok []", r.stdout
+
+
+def test_ctrl_c_inside_submits_leaves_nothing_behind() -> None:
+    """A KeyboardInterrupt inside submit() leaked the count of calls into C
+    (close() and interpreter exit then waited for ever) and dropped the
+    bookkeeping of operations the library had taken ("completion for
+    unknown userdata")."""
+    r = run_script("""
+        import signal, threading, time, fetchq
+        class CtrlC(KeyboardInterrupt): pass
+        inside = False                      # raised only within submit()
+        def handler(sig, frame):
+            if inside: raise CtrlC()
+        e = fetchq.Engine()
+        q = e.queue("q", max_concurrent=8)
+        signal.signal(signal.SIGALRM, handler)
+        signal.setitimer(signal.ITIMER_REAL, 0.0003, 0.0003)
+        interrupts, end = 0, time.monotonic() + 1.0
+        while time.monotonic() < end:
+            try:
+                inside = True
+                q.submit(int)
+                inside = False
+            except CtrlC:
+                inside = False
+                interrupts += 1
+        signal.setitimer(signal.ITIMER_REAL, 0, 0)
+        e.wait_idle(timeout=10)
+        closer = threading.Thread(target=e.close, daemon=True)
+        closer.start()
+        closer.join(10)
+        print(interrupts > 20, e._core.inflight, e._core.violations[:3], closer.is_alive(), e.closed)
+    """)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "True 0 [] False True", (r.stdout, r.stderr[-2000:])
+
+
+def test_waits_can_be_interrupted() -> None:
+    """Queue.wait() and Engine.wait_idle() waited in C, where no Python
+    signal handler runs: Ctrl-C took effect only when the body ended."""
+    r = run_script("""
+        import os, signal, threading, time, fetchq
+        with fetchq.Engine() as e:
+            q = e.queue("q")
+            gate = threading.Event()
+            q.submit(gate.wait, 20)
+            for wait in (q.wait, e.wait_idle):
+                threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+                t0 = time.monotonic()
+                try:
+                    wait()
+                    print("returned")
+                except KeyboardInterrupt:
+                    print("interrupted", time.monotonic() - t0 < 3)
+            try:
+                q.wait(timeout=0.25)
+            except fetchq.Timeout:
+                print("timeout")
+            gate.set()
+            q.wait(timeout=10)
+            print("done")
+    """)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split("\n")[:4] == ["interrupted True", "interrupted True", "timeout", "done"], r.stdout
+
+
+def test_a_forked_child_leaves_the_parents_engine_alone() -> None:
+    """A child of os.fork() that exited normally crashed or hung in the
+    finalizer freeing the parent's engine, whose threads it does not have."""
+    r = run_script("""
+        import os, fetchq
+        e = fetchq.Engine()
+        q = e.queue("q")
+        assert q.submit(int, 7).result(timeout=10) == 7
+        pid = os.fork()
+        if pid == 0:
+            try:
+                q.submit(int)
+                print("child: submitted", flush=True)
+            except fetchq.ShutdownError as ex:
+                print("child:", ex, flush=True)
+            raise SystemExit(0)                 # runs the finalizers
+        _, status = os.waitpid(pid, 0)
+        print("child exit", os.waitstatus_to_exitcode(status))
+        print("parent", q.submit(int, 8).result(timeout=10))
+        e.close()
+    """)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.splitlines() == [
+        "child: the engine belongs to the parent process (os.fork): make a new one here",
+        "child exit 0", "parent 8"], r.stdout
+
+
+def test_a_dropped_engine_is_freed_without_the_cyclic_collector() -> None:
+    """Engine -> queue -> engine was a reference cycle: a dropped engine
+    and its threads lived until gc ran (for ever with gc disabled)."""
+    gc.disable()
+    try:
+        e = fetchq.Engine()
+        core = e._core
+        q = e.queue("q")
+        assert q.submit(int, 1).result(timeout=TIMEOUT) == 1
+        del e
+        assert core.handle is None          # freed at once
+        try:
+            q.submit(int)
+        except fetchq.ShutdownError:
+            pass
+        else:
+            raise AssertionError("a queue of a freed engine took a submit")
+        try:
+            q.engine
+        except fetchq.StateError:
+            pass
+        else:
+            raise AssertionError("q.engine of a freed engine")
+    finally:
+        gc.enable()
+
+
+def test_a_cancelled_aclose_still_frees_the_engine() -> None:
+    import asyncio
+
+    async def main() -> bool:
+        engine = fetchq.AsyncEngine()
+        gate = threading.Event()
+        engine.queue("q").submit(gate.wait, 0.5)
+        task = asyncio.ensure_future(engine.aclose())
+        await asyncio.sleep(0.05)
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        return engine.closed
+
+    assert asyncio.run(asyncio.wait_for(main(), TIMEOUT)) is True
+
+
+def test_futures_and_queues_have_types() -> None:
+    import typing
+    assert fetchq.Future[int] is not None and fetchq.AsyncFuture[str] is not None
+    assert typing.get_type_hints(fetchq.Engine.queue)["return"] is fetchq.Queue
+    assert typing.get_type_hints(fetchq.AsyncEngine.queue)["return"] is fetchq.AsyncQueue
