@@ -61,9 +61,9 @@ struct Request: ParsableCommand {
     var method: String?
 
     @Option(name: [.customShort("d"), .long],
-            help: ArgumentHelp("The body, sent as is: a string, @FILE for a file's contents, @- for stdin (UTF-8 text).",
+            help: ArgumentHelp("The body, sent as is: a string, @FILE for a file's contents, @- for stdin (UTF-8 text). Repeated, the parts are joined with & (as curl does).",
                                valueName: "data"))
-    var data: String?
+    var data: [String] = []
 
     @Option(help: ArgumentHelp("A JSON body (or @FILE, @-), sent with Content-Type: application/json unless -H sets it.",
                                valueName: "json"))
@@ -78,17 +78,20 @@ struct Request: ParsableCommand {
 
     func validate() throws {
         guard !urls.isEmpty || input.input != nil else { throw ValidationError("give at least one URL") }
-        guard data == nil || json == nil else { throw ValidationError("give --data or --json, not both") }
-        if input.input == "-" && (data == "@-" || json == "@-") {
+        guard data.isEmpty || json == nil else { throw ValidationError("give --data or --json, not both") }
+        if input.input == "-" && (data.contains("@-") || json == "@-") {
             throw ValidationError("--input - and a body from @- would both read standard input")
+        }
+        guard data.filter({ $0 == "@-" }).count <= 1 else {
+            throw ValidationError("--data @- is given twice: standard input can be read once")
         }
     }
 
     func run() throws {
         var body: JSONRef? = nil
         var contentType: String? = nil
-        if let data {
-            body = .string(try Self.text(of: data, option: "--data"))
+        if !data.isEmpty {
+            body = .string(try data.map { part throws in try Self.text(of: part, option: "--data") }.joined(separator: "&"))
         } else if let json {
             // Checked, then sent byte for byte as given (not re-encoded: that
             // would change numbers, spacing and duplicate keys).

@@ -581,6 +581,18 @@ def test_a_json_body_is_sent_as_given(cli, server):
     assert b"valid JSON that jansson cannot check" in r.stderr and b"Usage: fetchq request" in r.stderr
 
 
+def test_repeated_data_parts_are_joined_with_ampersands(cli, server, tmp_path):
+    part = tmp_path / "part.txt"
+    part.write_text("c=3")
+    r = run(cli, "request", "-d", "a=1", "--data", "b=2", "-d", f"@{part}", "-d", "@-", server + "/echo",
+            input=b"d=4")
+    assert r.returncode == 0, r.stderr
+    echo = lines(r.stdout)[0]["json"]
+    assert echo["method"] == "POST" and echo["body"] == "a=1&b=2&c=3&d=4"
+    r = run(cli, "request", "-d", "@-", "-d", "@-", server + "/echo", input=b"x")
+    assert r.returncode == 2 and b"standard input can be read once" in r.stderr
+
+
 def test_parse_failures_name_the_method_and_what_was_wrong(cli, server, tmp_path):
     r = run(cli, "request", "-X", "PUT", server + "/invalid-utf8")
     assert r.returncode == 1
