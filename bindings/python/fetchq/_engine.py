@@ -41,7 +41,7 @@ import threading
 import time
 import weakref
 from collections.abc import Mapping
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, TypeVar, Union
+from typing import Any, Callable, Dict, Generic, Iterable, List, Optional, Tuple, TypeVar, Union
 
 from . import _ffi
 from ._ffi import (
@@ -679,6 +679,11 @@ class AsyncFuture(asyncio.Future[_T]):
 
 
 AnyFuture = Union["Future[Any]", "AsyncFuture[Any]"]
+# What a queue's submits return: Future for an Engine's queues, AsyncFuture
+# for an AsyncEngine's (Queue[Future[Any]] and AsyncQueue).
+_F = TypeVar("_F", "Future[Any]", "AsyncFuture[Any]")
+# headers= and params=: a mapping, or (name, value) pairs with no name twice.
+Pairs = Union["Mapping[str, Any]", Iterable[Tuple[str, Any]]]
 
 
 # --------------------------------------------------------------------------
@@ -1201,7 +1206,7 @@ def _one_value_per_name(pairs: Any, what: str) -> Dict[str, Any]:
     return result
 
 
-def _request_extras(req: Dict[str, Any], headers: Optional[Dict[str, str]], params: Optional[Dict[str, Any]],
+def _request_extras(req: Dict[str, Any], headers: Optional[Pairs], params: Optional[Pairs],
                     json: Any, data: Union[str, bytes, None]) -> None:
     """Adds a request's headers, query and body (from ``request``'s keyword
     arguments) to ``req``."""
@@ -1250,7 +1255,7 @@ def _as_list(deps: Any) -> List[Any]:
         return [deps]
 
 
-class Queue:
+class Queue(Generic[_F]):
     """An operation queue (``fq_queue``): ordering and max concurrency.
 
     Created with :meth:`Engine.queue`; owned by its engine, which frees it on
@@ -1471,7 +1476,7 @@ class Queue:
         return fut
 
     def submit(self, fn: Callable[..., Any], *args: Any, pass_op: bool = False,
-               **options: Any) -> Any:
+               **options: Any) -> _F:
         """Runs ``fn(*args)`` on a worker thread as a block operation.
 
         With ``pass_op=True`` it is called as ``fn(op, *args)`` (an
@@ -1489,7 +1494,7 @@ class Queue:
         return self._submit(state, self._options(options, None),
                             lambda h, o, t: L.fq_submit_block(h, cb_body, o, cb_done, t))
 
-    def submit_async(self, start: Callable[..., Any], *args: Any, **options: Any) -> Any:
+    def submit_async(self, start: Callable[..., Any], *args: Any, **options: Any) -> _F:
         """An asynchronous operation: ``start(op, *args)`` runs on a worker
         thread and should return quickly; the operation stays running (holding
         its queue slot) until ``op.finish(value)`` or ``op.finish(error=msg)``
@@ -1505,7 +1510,7 @@ class Queue:
                             lambda h, o, t: L.fq_submit_async(h, cb_start, o, cb_done, t))
 
     def search(self, query: str, *, progress: Optional[ProgressFn] = None,
-               on_update: Optional[Callable[[Any], Any]] = None, **options: Any) -> Any:
+               on_update: Optional[Callable[[Any], Any]] = None, **options: Any) -> _F:
         """Submits a search; the result is ``{"query", "items", "count"}``.
         ``options`` may override the engine's "search" keys (url, results, id,
         sort, order) and take every network and common option (store, cache,
@@ -1521,7 +1526,7 @@ class Queue:
 
     def search_all(self, queries: Iterable[str], *,
                    on_child: Optional[Callable[[Result], Any]] = None,
-                   **options: Any) -> Any:
+                   **options: Any) -> _F:
         """Fans out one search per distinct query (each a normal operation of
         this queue) and resolves once with ``{"items", "count", "queries":
         {q: {"count"} | {"error", "status"[, "http_status"]}}}``: items merged
@@ -1546,11 +1551,11 @@ class Queue:
         return self._submit(state, self._options(options, None),
                             lambda h, o, t: L.fq_submit_search_all(h, array, n, o, cb_done, t))
 
-    def request(self, method: str, url: str, *, headers: Optional[Dict[str, str]] = None,
-                params: Optional[Dict[str, Any]] = None, json: Any = _UNSET,
+    def request(self, method: str, url: str, *, headers: Optional[Pairs] = None,
+                params: Optional[Pairs] = None, json: Any = _UNSET,
                 data: Union[str, bytes, None] = None,
                 progress: Optional[ProgressFn] = None,
-                on_update: Optional[Callable[[Any], Any]] = None, **options: Any) -> Any:
+                on_update: Optional[Callable[[Any], Any]] = None, **options: Any) -> _F:
         """Submits an HTTP request; the result is a :class:`Response`.
 
         ``params`` are URL-encoded into the query string; ``json`` is sent as
@@ -1607,13 +1612,13 @@ class Queue:
         finally:
             _ffi.give_back(plain)
 
-    def get(self, url: str, **kwargs: Any) -> Any:
+    def get(self, url: str, **kwargs: Any) -> _F:
         """``request("GET", url, **kwargs)``."""
         return self.request("GET", url, **kwargs)
 
-    def request_many(self, method: str, urls: Iterable[str], *, headers: Optional[Dict[str, str]] = None,
-                     params: Optional[Dict[str, Any]] = None, json: Any = _UNSET,
-                     data: Union[str, bytes, None] = None, **options: Any) -> List[Any]:
+    def request_many(self, method: str, urls: Iterable[str], *, headers: Optional[Pairs] = None,
+                     params: Optional[Pairs] = None, json: Any = _UNSET,
+                     data: Union[str, bytes, None] = None, **options: Any) -> List[_F]:
         """Submits one request per URL, all with the same method, headers,
         params, body and options, in one call into the library
         (``fq_submit_requests``): the options are read once and the engine's
@@ -1691,7 +1696,7 @@ class Queue:
                 core._resolve(futures[i], "exception", stopped)
         return futures
 
-    def get_many(self, urls: Iterable[str], **kwargs: Any) -> List[Any]:
+    def get_many(self, urls: Iterable[str], **kwargs: Any) -> List[_F]:
         """``request_many("GET", urls, **kwargs)``."""
         return self.request_many("GET", urls, **kwargs)
 
@@ -1700,7 +1705,7 @@ class Queue:
             self.name, self._max, " closed" if self._handle is None else "")
 
 
-class AsyncQueue(Queue):
+class AsyncQueue(Queue["AsyncFuture[Any]"]):
     """A queue of an :class:`AsyncEngine`: ``search``/``request``/``submit``
     return :class:`AsyncFuture` objects (awaitable), ``asearch``/``arequest``/
     ``asubmit`` are coroutines, and ``wait`` is a coroutine."""
@@ -1756,7 +1761,7 @@ class _EngineBase:
     # threads asking for the same new name get the same queue.
     _queues_lock: threading.Lock
 
-    def queue(self, name: str, max_concurrent: Optional[int] = None) -> Queue:
+    def queue(self, name: str, max_concurrent: Optional[int] = None) -> "Queue[Any]":
         """The queue named ``name``, created on first use with
         ``max_concurrent`` (default 4); for an existing queue a different
         ``max_concurrent`` is applied."""
@@ -1847,6 +1852,9 @@ class Engine(_EngineBase):
         self._queues_lock = threading.Lock()
         self._core = _Core(config, "thread", use_logging=use_logging)
         self._finalizer = weakref.finalize(self, _finalize, self._core, None)
+
+    def queue(self, name: str, max_concurrent: Optional[int] = None) -> "Queue[Future[Any]]":
+        return super().queue(name, max_concurrent)
 
     def close(self) -> None:
         """Cancels pending work, waits for running operations, resolves every

@@ -358,5 +358,9 @@ def test_a_cancelled_aclose_still_frees_the_engine() -> None:
 def test_futures_and_queues_have_types() -> None:
     import typing
     assert fetchq.Future[int] is not None and fetchq.AsyncFuture[str] is not None
-    assert typing.get_type_hints(fetchq.Engine.queue)["return"] is fetchq.Queue
+    Any = typing.Any
+    assert typing.get_type_hints(fetchq.Engine.queue)["return"] == fetchq.Queue[fetchq.Future[Any]]
     assert typing.get_type_hints(fetchq.AsyncEngine.queue)["return"] is fetchq.AsyncQueue
+    # the submits return the queue's future type
+    for method in ("submit", "search", "request", "get"):
+        assert str(typing.get_type_hints(getattr(fetchq.Queue, method))["return"]) == "~_F", method
