@@ -35,6 +35,13 @@ final class CurlTransfer: @unchecked Sendable {
     private var body: [UInt8] = []
     private var reserved = false
     private var capExceeded = false
+    /// The blank line after the current response's header section came: a
+    /// field line now is a trailer (until the next status line).
+    private var headerSectionEnded = false
+    /// The response's Content-Length as first given (-1: none yet).
+    private var declaredLength: Int64 = -1
+    /// Why the header callback stopped the transfer (bad framing), if it did.
+    private var framingError: String?
     private var lastProgressNs: UInt64 = 0
     private var lastProgressReceived: UInt64?
 
@@ -154,11 +161,12 @@ final class CurlTransfer: @unchecked Sendable {
         check(fqc_easy_setopt_pointer(easy, CURLOPT_WRITEDATA, me), "WRITEDATA")
         check(fqc_easy_setopt_write_callback(easy, CURLOPT_HEADERFUNCTION, curlWriteHeader), "HEADERFUNCTION")
         check(fqc_easy_setopt_pointer(easy, CURLOPT_HEADERDATA, me), "HEADERDATA")
-        if progress != nil {
-            long(CURLOPT_NOPROGRESS, 0, "NOPROGRESS")
-            check(fqc_easy_setopt_xferinfo_callback(easy, CURLOPT_XFERINFOFUNCTION, curlProgress), "XFERINFOFUNCTION")
-            check(fqc_easy_setopt_pointer(easy, CURLOPT_XFERINFODATA, me), "XFERINFODATA")
-        }
+        // Always: besides progress events, it bounds the bytes of a body curl
+        // reads and discards (a redirect's it follows), which no write
+        // callback sees (`exceedsCapUnseen`).
+        long(CURLOPT_NOPROGRESS, 0, "NOPROGRESS")
+        check(fqc_easy_setopt_xferinfo_callback(easy, CURLOPT_XFERINFOFUNCTION, curlProgress), "XFERINFOFUNCTION")
+        check(fqc_easy_setopt_pointer(easy, CURLOPT_XFERINFODATA, me), "XFERINFODATA")
 
         // Where and how.
         string(CURLOPT_URL, r.url, "URL")
@@ -275,33 +283,84 @@ final class CurlTransfer: @unchecked Sendable {
         return count
     }
 
-    /// One header line, CRLF included: a status line, a field, or the blank line.
+    /// One header line, CRLF included: a status line, a field, the blank
+    /// line, or a trailer field after a chunked body. Returning less than
+    /// `count` makes curl stop with CURLE_WRITE_ERROR (`framingError` says why).
     fileprivate func receiveHeader(_ data: UnsafeRawPointer, _ count: Int) -> Int {
         var line = UnsafeRawBufferPointer(start: data, count: count)[...]
         while let last = line.last, last == 0x0A || last == 0x0D { line = line.dropLast() }
-        if line.isEmpty { return count }
+        if line.isEmpty {
+            headerSectionEnded = true
+            return count
+        }
         if line.starts(with: "HTTP/".utf8) {
             // A new response (after a redirect, a 1xx, a proxy CONNECT): only the
             // final one's headers and body count.
             headers.removeAll(keepingCapacity: true)
             body.removeAll(keepingCapacity: true)
             reserved = false
+            headerSectionEnded = false
+            declaredLength = -1
             return count
         }
+        // RFC 9110 §6.5.1: trailer fields are not merged into the header
+        // section (a trailer could otherwise make a response cacheable or
+        // change how it is parsed). They are dropped.
+        if headerSectionEnded { return count }
         if line.first == 0x20 || line.first == 0x09 {
             // obs-fold continuation of the previous field.
             if !headers.isEmpty {
-                headers[headers.count - 1].value += " " + Self.trimmed(line)
+                headers[headers.count - 1].value += " " + Self.fieldValue(line)
             }
             return count
         }
         guard let colon = line.firstIndex(of: UInt8(ascii: ":")) else { return count }
-        let name = String(decoding: line[..<colon], as: UTF8.self)
+        // RFC 9110 §5.1, RFC 9112 §5.1: a field name is a token, with no
+        // whitespace before the colon; a line that breaks this is dropped.
+        let nameBytes = line[..<colon]
+        guard !nameBytes.isEmpty, nameBytes.allSatisfy(Self.isTokenByte) else { return count }
+        let name = String(decoding: nameBytes, as: UTF8.self)
+        let value = Self.fieldValue(line[(colon + 1)...])
+        if TransportText.equalsIgnoringASCIICase(name, "content-length") && !acceptsContentLength(value) {
+            return 0
+        }
         // Room for a typical response's fields at once (growing one by one
         // reallocated the array four times per response).
         if headers.capacity == 0 { headers.reserveCapacity(16) }
-        headers.append((name: name, value: Self.trimmed(line[(colon + 1)...])))
+        headers.append((name: name, value: value))
         return count
+    }
+
+    /// RFC 9112 §6.3: a Content-Length that is not digits, or differs from
+    /// one given before (a list must repeat one value), is an unrecoverable
+    /// framing error: the response is not used. libcurl 7.88 read such a
+    /// value's leading digits ("0x12" as 0, "2, 18" as 2) and framed the
+    /// body by them.
+    private func acceptsContentLength(_ value: String) -> Bool {
+        for item in value.split(separator: ",", omittingEmptySubsequences: false) {
+            let digits = item.utf8.drop { $0 == 0x20 || $0 == 0x09 }.reversed().drop { $0 == 0x20 || $0 == 0x09 }
+            guard !digits.isEmpty, digits.count <= 18, digits.allSatisfy({ $0 >= 0x30 && $0 <= 0x39 }) else {
+                framingError = "the response's Content-Length \"\(value)\" is not a length"
+                return false
+            }
+            let n = digits.reversed().reduce(Int64(0)) { $0 * 10 + Int64($1 - 0x30) }
+            if declaredLength >= 0 && n != declaredLength {
+                framingError = "the response gives two Content-Lengths (\(declaredLength) and \(n))"
+                return false
+            }
+            declaredLength = n
+        }
+        return true
+    }
+
+    /// Whether the bytes curl reports for the current response are past
+    /// what the cap allows, when the write callback does not see them (the
+    /// body of a redirect curl follows is read and discarded). The count is
+    /// of the bytes as sent: room is left for a content-coding's own bytes.
+    private func exceedsCapUnseen(_ received: curl_off_t) -> Bool {
+        let cap = request.maxResponseBytes
+        guard cap > 0 else { return false }
+        return Int64(received) > Int64(cap) + Int64(cap / 64) + 65_536
     }
 
     /// Whether the response being received names a Content-Encoding other
@@ -313,11 +372,24 @@ final class CurlTransfer: @unchecked Sendable {
         }
     }
 
-    private static func trimmed(_ bytes: Slice<UnsafeRawBufferPointer>) -> String {
+    /// A field value: surrounding whitespace trimmed, a bare CR written as
+    /// a space (RFC 9110 §5.5).
+    private static func fieldValue(_ bytes: Slice<UnsafeRawBufferPointer>) -> String {
         var s = bytes
         while let f = s.first, f == 0x20 || f == 0x09 { s = s.dropFirst() }
         while let l = s.last, l == 0x20 || l == 0x09 { s = s.dropLast() }
-        return String(decoding: s, as: UTF8.self)
+        guard s.contains(0x0D) else { return String(decoding: s, as: UTF8.self) }
+        return String(decoding: s.map { $0 == 0x0D ? 0x20 : $0 }, as: UTF8.self)
+    }
+
+    /// The xferinfo callback: false stops the transfer (the cap).
+    fileprivate func transferred(total: curl_off_t, now: curl_off_t) -> Bool {
+        if exceedsCapUnseen(now) {
+            capExceeded = true
+            return false
+        }
+        if progress != nil { reportProgress(total: total, now: now) }
+        return true
     }
 
     fileprivate func reportProgress(total: curl_off_t, now: curl_off_t) {
@@ -351,8 +423,12 @@ final class CurlTransfer: @unchecked Sendable {
             let httpURL = Self.hasScheme(request.url, "http://") || Self.hasScheme(request.url, "https://")
             let kind = TransportError.kind(for: code, capExceeded: capExceeded, httpURL: httpURL)
             var text: String
-            if kind == .tooLarge {
+            if kind == .tooLarge && capExceeded {
                 text = "response body exceeds max_response_bytes (\(request.maxResponseBytes) bytes)"
+            } else if let framingError {
+                text = framingError
+            } else if code == CURLE_OUT_OF_MEMORY {
+                text = "out of memory, or a response header line over libcurl's limit of 100 KiB"
             } else {
                 text = String(cString: errorBuffer)
                 if text.isEmpty { text = TransportError.curlText(code) }
@@ -490,6 +566,8 @@ final class CurlTransfer: @unchecked Sendable {
         body = []
         reserved = false
         capExceeded = false
+        headerSectionEnded = false
+        declaredLength = -1
         errorBuffer[0] = 0
         return .follow
     }
@@ -538,6 +616,5 @@ private let curlWriteHeader: curl_write_callback = { data, size, count, userdata
 }
 
 private let curlProgress: curl_xferinfo_callback = { userdata, dltotal, dlnow, _, _ in
-    transfer(userdata).reportProgress(total: dltotal, now: dlnow)
-    return 0
+    transfer(userdata).transferred(total: dltotal, now: dlnow) ? 0 : 1
 }

@@ -35,7 +35,13 @@ extension TransportError {
             CURLE_NOT_BUILT_IN:
             return .invalidRequest
         case CURLE_ABORTED_BY_CALLBACK:
-            return .cancelled
+            // The xferinfo callback stops a body over the cap; a cancel
+            // stops a transfer this way too.
+            return capExceeded ? .tooLarge : .cancelled
+        case CURLE_OUT_OF_MEMORY:
+            // Also libcurl's answer to a response header line over 100 KiB:
+            // no transient failure, so not retried.
+            return .tooLarge
         default:
             // RECV_ERROR, SEND_ERROR, PARTIAL_FILE, GOT_NOTHING, WEIRD_SERVER_REPLY,
             // HTTP2, HTTP2_STREAM, HTTP3, PROXY, OUT_OF_MEMORY, ...

@@ -45,12 +45,12 @@ from typing import Any, Callable, Dict, Generic, Iterable, List, Optional, Tuple
 
 from . import _ffi
 from ._ffi import (
-    FQ_CANCELLED, FQ_ERR_DEPENDENCY, FQ_ERR_HTTP, FQ_ERR_NOT_FOUND,
+    FQ_CANCELLED, FQ_ERR_DEPENDENCY, FQ_ERR_HTTP, FQ_ERR_NOT_FOUND, FQ_ERR_PARSE,
     FQ_ERR_OPERATION, FQ_EVENT_CHILD, FQ_EVENT_PROGRESS, FQ_EVENT_UPDATE, FQ_FAILED,
     FQ_OK, FQ_SUCCEEDED,
 )
 from .errors import (
-    DependencyError, FetchqError, HTTPError, InvalidArgument, OperationError,
+    DependencyError, FetchqError, HTTPError, InvalidArgument, OperationError, ParseError,
     ShutdownError, StateError, Timeout, error_for_status,
 )
 
@@ -939,10 +939,11 @@ class _Core:
         if outcome not in (FQ_FAILED, FQ_CANCELLED):
             self._violation("op %d completed with outcome %d" % (op_id, outcome))
         exc: FetchqError
-        if status == FQ_ERR_HTTP:
+        if status == FQ_ERR_HTTP or (status == FQ_ERR_PARSE and state.kind == "request"
+                                     and self.has_http and L.fq_result_http_status(result) > 0):
             resp = Response._from_result(self, result, op_id, False)
-            exc = HTTPError(message, status, status=resp.status, body=resp.body,
-                            headers=resp.headers, response=resp)
+            cls = HTTPError if status == FQ_ERR_HTTP else ParseError
+            exc = cls(message, status, status=resp.status, body=resp.body, headers=resp.headers, response=resp)
         elif status == FQ_ERR_DEPENDENCY:
             exc = DependencyError(message, status)
         elif status == FQ_ERR_OPERATION:

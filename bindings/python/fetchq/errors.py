@@ -122,14 +122,10 @@ class QueueTimeout(Timeout):
     code = -10
 
 
-class HTTPError(FetchqError):
-    """FQ_ERR_HTTP: the server answered with a status that is not accepted.
-
-    ``status`` is the HTTP status, ``body`` the raw body (bytes), ``headers``
-    the response headers and ``response`` the whole :class:`fetchq.Response`.
-    """
-
-    code = -11
+class _WithResponse(FetchqError):
+    """An error that came with a whole response: ``status`` is the HTTP
+    status, ``body`` the raw body (bytes), ``headers`` the response headers
+    and ``response`` the whole :class:`fetchq.Response`."""
 
     def __init__(
         self,
@@ -148,6 +144,16 @@ class HTTPError(FetchqError):
         self.response = response
 
 
+class HTTPError(_WithResponse):
+    """FQ_ERR_HTTP: the server answered with a status that is not accepted.
+
+    ``status`` is the HTTP status, ``body`` the raw body (bytes), ``headers``
+    the response headers and ``response`` the whole :class:`fetchq.Response`.
+    """
+
+    code = -11
+
+
 class NetworkError(FetchqError):
     """FQ_ERR_NETWORK: refused/reset/closed connection, DNS, bad framing."""
 
@@ -160,8 +166,10 @@ class TooLarge(FetchqError):
     code = -13
 
 
-class ParseError(FetchqError):
-    """FQ_ERR_PARSE: the body is not valid JSON (or too deep)."""
+class ParseError(_WithResponse):
+    """FQ_ERR_PARSE: the body is not valid JSON (or too deep). For a response
+    that arrived whole, ``status``, ``body``, ``headers`` and ``response`` say
+    what it was (as for :class:`HTTPError`); otherwise status 0, no response."""
 
     code = -14
 

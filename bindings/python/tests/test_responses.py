@@ -1,0 +1,210 @@
+"""How responses are received: framing, trailers, header lines and size caps,
+against a raw server that sends exactly the bytes each test scripts (the
+third review, twenty-sixth session)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from typing import Callable, Dict, Iterator, List, Union
+
+import pytest
+
+import fetchq
+
+from conftest import TIMEOUT
+
+# A scripted answer: the bytes, or a function that writes to the connection
+# itself (it may stream until the client goes away).
+Answer = Union[bytes, Callable[[socket.socket], None]]
+
+
+class RawServer:
+    """HTTP/1.1 on 127.0.0.1 answering each path with its scripted bytes
+    (keep-alive unless the answer closes), counting requests per path."""
+
+    def __init__(self, answers: Dict[str, Answer]) -> None:
+        self.answers = answers
+        self.requests: List[str] = []
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(16)
+        self.listener.settimeout(0.2)
+        self.port = self.listener.getsockname()[1]
+        self.stopping = False
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def url(self, path: str) -> str:
+        return "http://127.0.0.1:%d%s" % (self.port, path)
+
+    def count(self, path: str) -> int:
+        return sum(1 for p in self.requests if p == path)
+
+    def _accept(self) -> None:
+        deadline = time.monotonic() + 120
+        while not self.stopping and time.monotonic() < deadline:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                continue
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        conn.settimeout(TIMEOUT)
+        buf = b""
+        with conn:
+            for _ in range(100):                       # requests on this connection
+                while b"\r\n\r\n" not in buf:
+                    try:
+                        chunk = conn.recv(65536)
+                    except OSError:
+                        return
+                    if not chunk:
+                        return
+                    buf += chunk
+                head, buf = buf.split(b"\r\n\r\n", 1)
+                lines = head.decode("latin-1").split("\r\n")
+                path = lines[0].split(" ")[1]
+                length = 0
+                for line in lines[1:]:
+                    name, _, value = line.partition(":")
+                    if name.strip().lower() == "content-length":
+                        length = int(value)
+                while len(buf) < length:
+                    buf += conn.recv(65536)
+                buf = buf[length:]
+                self.requests.append(path)
+                answer = self.answers[path]
+                try:
+                    if callable(answer):
+                        answer(conn)
+                        return
+                    conn.sendall(answer)
+                except OSError:
+                    return
+
+    def stop(self) -> None:
+        self.stopping = True
+        self.thread.join(5)
+        self.listener.close()
+
+
+@pytest.fixture
+def engine() -> Iterator[fetchq.Engine]:
+    e = fetchq.Engine(timeout_ms=10000)
+    yield e
+    e.close()
+    assert e._core.violations == []
+
+
+def serve(answers: Dict[str, Answer]) -> Iterator[RawServer]:
+    s = RawServer(answers)
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def test_trailer_fields_are_not_merged_into_the_headers(engine: fetchq.Engine) -> None:
+    """A trailer made the response cacheable and parsed it as JSON (RFC 9110
+    §6.5.1: not merged unless the field's definition allows it)."""
+    body = b'{"a": 1}'
+    answer = (b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n"
+              b"Trailer: Cache-Control, Content-Type\r\n\r\n"
+              + b"%x\r\n" % len(body) + body + b"\r\n0\r\n"
+              b"Cache-Control: max-age=3600\r\nContent-Type: application/json\r\nX-T: t\r\n\r\n")
+    for s in serve({"/t": answer}):
+        q = engine.queue("t")
+        for _ in range(2):
+            r = q.get(s.url("/t")).result(timeout=TIMEOUT)
+            assert r.status == 200 and r.body == body
+            assert r.headers.get("content-type") == "text/plain"
+            assert "cache-control" not in r.headers and "x-t" not in r.headers
+            assert r.metrics["from_cache"] is False
+        assert s.count("/t") == 2                     # the trailer did not make it cacheable
+
+
+@pytest.mark.parametrize("value", [b"0x12", b"1 8", b"2, 18", b"18\r\nContent-Length: 2", b"+18",
+                                   b"99999999999999999999999", b""])
+def test_an_invalid_content_length_fails_the_response(engine: fetchq.Engine, value: bytes) -> None:
+    """libcurl framed the body by the value's leading digits ("0x12": an
+    empty 200, "2, 18": 2 bytes); RFC 9112 §6.3: an unrecoverable error."""
+    body = b'{"items": [1, 2]}\n'
+    assert len(body) == 18
+    answer = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: " + value + \
+        b"\r\nConnection: close\r\n\r\n" + body
+    for s in serve({"/cl": answer}):
+        with pytest.raises(fetchq.NetworkError, match="Content-Length"):
+            engine.queue("cl").get(s.url("/cl")).result(timeout=TIMEOUT)
+
+
+def test_a_repeated_equal_content_length_is_accepted(engine: fetchq.Engine) -> None:
+    body = b'{"items": [1, 2]}\n'
+    answer = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 18, 18\r\n"
+              b"Content-Length: 18\r\n\r\n" + body)
+    for s in serve({"/cl": answer}):
+        assert engine.queue("cl").get(s.url("/cl")).result(timeout=TIMEOUT).json() == {"items": [1, 2]}
+
+
+def test_a_followed_redirects_body_counts_against_the_cap(engine: fetchq.Engine) -> None:
+    """GET and POST redirects are followed by libcurl, which read their whole
+    body (200 MB, or a chunked body for ever) past max_response_bytes."""
+    streamed: List[int] = []
+
+    def endless_chunked(conn: socket.socket) -> None:
+        conn.sendall(b"HTTP/1.1 302 Found\r\nLocation: /ok\r\nTransfer-Encoding: chunked\r\n\r\n")
+        chunk = b"%x\r\n" % 65536 + b"x" * 65536 + b"\r\n"
+        sent, end = 0, time.monotonic() + 15
+        while time.monotonic() < end:                 # until the client goes away
+            conn.sendall(chunk)
+            sent += 65536
+            streamed.append(sent)
+
+    big = b"HTTP/1.1 302 Found\r\nLocation: /ok\r\nContent-Length: 5000000\r\n\r\n" + b"x" * 5_000_000
+    ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"
+    for s in serve({"/big": big, "/endless": endless_chunked, "/ok": ok}):
+        q = engine.queue("r")
+        for method in ("GET", "POST"):
+            with pytest.raises(fetchq.TooLarge):
+                q.request(method, s.url("/big"), max_response_bytes=100_000).result(timeout=TIMEOUT)
+        t0 = time.monotonic()
+        with pytest.raises(fetchq.TooLarge):
+            q.get(s.url("/endless"), max_response_bytes=100_000, timeout_ms=0).result(timeout=TIMEOUT)
+        assert time.monotonic() - t0 < 5
+        assert s.count("/ok") == 0
+        # A redirect body within the cap is still read and the redirect followed.
+        small = b"HTTP/1.1 302 Found\r\nLocation: /ok\r\nContent-Length: 1000\r\n\r\n" + b"y" * 1000
+        s.answers["/small"] = small
+        assert q.get(s.url("/small"), max_response_bytes=100_000).result(timeout=TIMEOUT).json() == {}
+
+
+def test_malformed_header_lines_are_dropped_and_a_bare_cr_is_a_space(engine: fetchq.Engine) -> None:
+    answer = (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nx y: 1\r\nx-bad : 2\r\n: 3\r\nX-Tab\t: 4\r\n"
+              b"X-CR: one\rtwo\r\nX-Good: 5\r\n\r\n{}")
+    for s in serve({"/h": answer}):
+        r = engine.queue("h").get(s.url("/h")).result(timeout=TIMEOUT)
+        assert {k: v for k, v in r.headers.items() if k.startswith("x") or not k} == \
+            {"x-cr": "one two", "x-good": "5"}
+
+
+def test_a_response_header_line_over_libcurls_limit_is_too_large_and_not_retried(
+        engine: fetchq.Engine) -> None:
+    answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-Big: " + b"b" * 150_000 + b"\r\n\r\n{}"
+    for s in serve({"/big-header": answer}):
+        with pytest.raises(fetchq.TooLarge, match="100 KiB"):
+            engine.queue("h").get(s.url("/big-header"), retry={"max": 2, "base": 0.01}).result(timeout=TIMEOUT)
+        assert s.count("/big-header") == 1
+
+
+def test_a_parse_error_keeps_the_response(engine: fetchq.Engine) -> None:
+    """The exception carried no status, headers or body (the C result has them)."""
+    page = b"<html>not json</html>"
+    answer = b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: %d\r\n\r\n" % len(page) + page
+    for s in serve({"/html": answer}):
+        with pytest.raises(fetchq.ParseError) as info:
+            engine.queue("p").get(s.url("/html"), parse="json").result(timeout=TIMEOUT)
+        e = info.value
+        assert e.status == 200 and e.body == page and e.headers["content-type"] == "text/html"
+        assert e.response is not None and e.response.body == page
