@@ -271,8 +271,24 @@ typedef void (*fq_async_fn)(fq_op *op, void *userdata);
  *                   SQLite file, which may be an item store's)}. It honours
  *                   Cache-Control (max-age, no-store, no-cache,
  *                   must-revalidate), Expires/Date and Age, revalidates with
- *                   ETag / Last-Modified (a 304 refreshes the entry), and
- *                   evicts the least recently used entries beyond max_bytes
+ *                   ETag / Last-Modified (a 304 refreshes the entry; a 304
+ *                   that matches no entry makes the request again without
+ *                   validators), and evicts the least recently used entries
+ *                   beyond max_bytes. A request's "Pragma: no-cache" counts
+ *                   as "Cache-Control: no-cache" when it has no
+ *                   Cache-Control. The age a Date header implies is not
+ *                   added (a server clock that is off must not make every
+ *                   response stale), and served entries get no new Age
+ *                   header. The file (created readable by its owner only)
+ *                   never holds an entry whose request carried credentials
+ *                   (Authorization, Proxy-Authorization, Cookie, a password
+ *                   in the URL): those stay in memory. Writes to it wait at
+ *                   most 100 ms for another writer's lock; one that cannot
+ *                   is skipped (the entry stays in memory) and a warning is
+ *                   logged once per run of such failures. Engines sharing a
+ *                   file share its rows, not their memory: an entry one
+ *                   removes may still be served from another's memory, and
+ *                   each bounds the file by what it knows of
  *   "log"           "off", "critical", "error", "warning", "notice", "info",
  *                   "debug" or "trace" (default: the FETCHQ_LOG environment
  *                   variable, else "warning"); lines go to standard error or
@@ -333,7 +349,9 @@ int fq_engine_set_log_fn(fq_engine *engine, fq_log_fn fn, void *userdata);
  *  "undelivered", "queues": {"<name>": {"max_concurrent", "suspended",
  *  "queued", "running", "submitted", "succeeded", "failed", "cancelled"}},
  *  "cache": {"entries", "bytes", "hits", "misses", "evictions"} (when the
- *  HTTP cache is on), "jansson_cache": {"bytes", "limit"} (when fetchq's
+ *  HTTP cache is on; "hits" and "misses" count the cache's look-ups — one
+ *  per transfer, so callers sharing a coalesced transfer count once —
+ *  and "evictions" the entries dropped for room while storing), "jansson_cache": {"bytes", "limit"} (when fetchq's
  *  jansson allocation functions are installed, see the conventions above;
  *  for the whole process, not this engine: "bytes" is the room the engine
  *  threads of all engines hold for freed jansson blocks, taken 256 KiB at a

@@ -208,7 +208,7 @@ extension HTTPCache {
 
 extension StringProtocol {
     /// Without leading and trailing spaces and tabs.
-    fileprivate var trimmingSpaces: SubSequence {
+    var trimmingSpaces: SubSequence {
         var slice = self[...]
         while let first = slice.first, first == " " || first == "\t" { slice = slice.dropFirst() }
         while let last = slice.last, last == " " || last == "\t" { slice = slice.dropLast() }

@@ -18,7 +18,11 @@ extension HTTPCache {
     final class CacheConnection {
         /// The item store's `application_id` ("fqis"): a cache may share its file.
         static let itemStoreApplicationID: Int64 = 0x6671_6973
-        static let busyTimeoutMilliseconds: Int32 = 2000
+        /// Short: writes happen under the cache's lock, which every GET's
+        /// submit takes, so another writer holding the file's lock must not
+        /// stall them for long. A write that cannot get it in time is
+        /// skipped (the entry stays in memory) and reported once in the log.
+        static let busyTimeoutMilliseconds: Int32 = 100
 
         /// A row, encoded outside the lock when possible.
         struct Row: Sendable {
@@ -123,6 +127,9 @@ extension HTTPCache {
 
         init(path: String) throws(FetchQError) {
             self.path = path
+            // A new file is readable by its owner only: responses may be private.
+            let fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
+            if fd >= 0 { Glibc.close(fd) }
             guard sqlite3_threadsafe() != 0 else {
                 throw FetchQError(.store, "http cache: SQLite was built without thread support")
             }

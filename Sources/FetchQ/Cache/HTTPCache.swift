@@ -157,6 +157,11 @@ public final class HTTPCache: Sendable {
         var misses = 0
         var evictions = 0
         var persistenceError: FetchQError?
+        /// The first failure of the current run of failed writes, until
+        /// `takeUnreportedPersistenceError` takes it: one report per run.
+        var unreportedPersistenceError: FetchQError?
+        /// Since the last write that worked, writes have failed.
+        var inFailedRun = false
 
         var bytes: Int { entries.bytes + cold.bytes }
     }
@@ -276,7 +281,8 @@ public final class HTTPCache: Sendable {
             return false
         case .store(let entry, let cost):
             let row =
-                persistPath == nil ? nil : CacheConnection.Row(key: key, entry: entry, cost: cost)
+                persistPath == nil || !Self.mayPersist(key)
+                ? nil : CacheConnection.Row(key: key, entry: entry, cost: cost)
             state.withLock { state in put(key, entry, cost: cost, row: row, &state) }
             return true
         }
@@ -291,8 +297,13 @@ public final class HTTPCache: Sendable {
     ///
     /// If the merged headers say `no-store`, or the refreshed entry no longer fits, the
     /// refreshed entry is returned but not kept.
+    ///
+    /// `validated`: the entry the conditional request was made for. When the cache no
+    /// longer holds one for `key` (evicted, or removed by an unsafe request meanwhile) and
+    /// the 304 matches it, it answers the request, refreshed, without being stored again.
     public func refresh(
-        _ key: String, notModifiedHeaders: [(name: String, value: String)], now: Double
+        _ key: String, notModifiedHeaders: [(name: String, value: String)], now: Double,
+        validated: Entry? = nil
     ) -> Entry? {
         state.withLock { state -> Entry? in
             let stored: Entry
@@ -301,7 +312,11 @@ public final class HTTPCache: Sendable {
             } else if let loaded = loadFromFile(key, &state) {
                 stored = loaded
             } else {
-                return nil
+                guard let validated, Self.validatorsMatch(stored: validated, notModified: notModifiedHeaders)
+                else { return nil }
+                return Self.makeEntry(status: validated.status,
+                                      headers: Self.merge(stored: validated.headers, notModified: notModifiedHeaders),
+                                      body: validated.body, now: now)
             }
             guard Self.validatorsMatch(stored: stored, notModified: notModifiedHeaders) else {
                 drop(key, &state)
@@ -317,7 +332,7 @@ public final class HTTPCache: Sendable {
                 drop(key, &state)
             } else {
                 let row =
-                    persistPath == nil
+                    persistPath == nil || !Self.mayPersist(key)
                     ? nil : CacheConnection.Row(key: key, entry: refreshed, cost: cost)
                 put(key, refreshed, cost: cost, row: row, &state)
             }
@@ -375,6 +390,26 @@ public final class HTTPCache: Sendable {
     /// The last SQLite failure of a write-through or load (nil if none since opening).
     public var persistenceError: FetchQError? {
         state.withLock { $0.persistenceError }
+    }
+
+    /// The SQLite failure of a run of failed writes not reported yet, once (for the engine
+    /// to log); a write that works ends the run.
+    public func takeUnreportedPersistenceError() -> FetchQError? {
+        state.withLock { state in state.unreportedPersistenceError.take() }
+    }
+
+    /// Whether an entry may be written to the file: not when its request
+    /// carried credentials (Authorization, Proxy-Authorization, Cookie, or a
+    /// password in the URL), which the key holds in clear. Such entries are
+    /// kept in memory only.
+    static func mayPersist(_ key: String) -> Bool {
+        let head = key.prefix { $0 != "\n" }
+        if let authority = head.split(separator: "/", maxSplits: 3, omittingEmptySubsequences: false).dropFirst(2).first,
+           authority.contains("@") {
+            return false
+        }
+        return !key.contains("\nauthorization: ") && !key.contains("\nproxy-authorization: ")
+            && !key.contains("\ncookie: ")
     }
 
     /// Keys in memory from the most to the least recently used (tests, diagnostics).
@@ -472,8 +507,13 @@ public final class HTTPCache: Sendable {
     private func record(_ state: inout State, _ body: () throws(FetchQError) -> Void) {
         do {
             try body()
+            state.inFailedRun = false
         } catch {
             state.persistenceError = error
+            if !state.inFailedRun {
+                state.inFailedRun = true
+                state.unreportedPersistenceError = error
+            }
         }
     }
 }

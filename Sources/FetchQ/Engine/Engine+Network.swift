@@ -59,12 +59,13 @@ extension Engine {
             switch (job.cache, found) {
             // A stale entry whose response said must-revalidate is never
             // served without asking the server (RFC 9111 §5.2.2.2).
-            case (.onlyIfCached, .stale(let entry)) where entry.mustRevalidate:
+            case (.onlyIfCached, .stale(let entry)) where entry.mustRevalidate || entry.noCache:
+                let said = entry.noCache ? "no-cache" : "must-revalidate"
                 finishRunning(op, OperationResult(id: op.id, outcome: .failed, status: .cacheMiss,
-                                                  message: "GET \(URLUtilities.redactingPassword(job.request.url)): the cached response is stale and said must-revalidate (cache: only-if-cached)",
+                                                  message: "GET \(URLUtilities.redactingPassword(job.request.url)): the cached response is stale and said \(said) (cache: only-if-cached)",
                                                   value: nil))
                 return
-            case (.staleWhileRevalidate, .stale(let entry)) where entry.mustRevalidate:
+            case (.staleWhileRevalidate, .stale(let entry)) where entry.mustRevalidate || entry.noCache:
                 job.request.headers += HTTPCache.conditionalHeaders(for: entry)
                 context.entry = entry
             case (.default, .fresh(let entry)), (.onlyIfCached, .fresh(let entry)), (.onlyIfCached, .stale(let entry)):
@@ -231,6 +232,9 @@ extension Engine {
         let op = op.isCancelled ? (lock.withLock { op.handedTo } ?? op) : op
         var outcome = outcome
         var fromCache = fromCache
+        // A 304 that no entry can take (another entity tag, or none left):
+        // the request goes again without validators (RFC 9111 §4.3.4), at once.
+        var askAgain = false
         if let cache = httpCache, case .success(let response) = outcome, response.status < 400,
            !Self.isSafe(job.request.method) {
             // An unsafe request that succeeded: the stored answers for its URL
@@ -243,13 +247,17 @@ extension Engine {
                 // The answer of another URL: never stored under this one's
                 // key (that would keep the redirect, which may change, for
                 // as long as the target may be cached).
-            } else if response.status == 304, context.entry != nil,
-               let refreshed = cache.refresh(context.key, notModifiedHeaders: response.headers, now: now) {
-                // Revalidated: the cached body, with this transfer's metrics.
-                var revalidated = refreshed.response(url: job.request.url)
-                revalidated.metrics = response.metrics
-                outcome = .success(revalidated)
-                fromCache = true
+            } else if response.status == 304, let validated = context.entry {
+                if let refreshed = cache.refresh(context.key, notModifiedHeaders: response.headers, now: now,
+                                                 validated: validated) {
+                    // Revalidated: the cached body, with this transfer's metrics.
+                    var revalidated = refreshed.response(url: job.request.url)
+                    revalidated.metrics = response.metrics
+                    outcome = .success(revalidated)
+                    fromCache = true
+                } else {
+                    askAgain = true
+                }
             } else if response.headers.contains(where: { Self.isCachingHeader($0.name) }) {
                 // Only responses that say how to cache them (Cache-Control or
                 // Expires) are offered to the cache: storing every response
@@ -258,8 +266,15 @@ extension Engine {
                             requestCacheControl: context.requestCacheControl, now: now)
             }
         }
+        if let cache = httpCache, cache.persistPath != nil, let error = cache.takeUnreportedPersistenceError() {
+            // The entry stays in memory; the file missed it (locked by another
+            // writer, read-only, full): said once per run of failed writes.
+            logger.warning("http cache: not written to its file", metadata: ["path": "\(cache.persistPath ?? "")",
+                                                                           "error": "\(error.message)"])
+        }
         if !op.isCancelled,
-           let delay = job.retry.delay(after: outcome, attempt: attempts, method: job.request.method, now: wallClockSeconds()) {
+           let delay = askAgain ? 0 : job.retry.delay(after: outcome, attempt: attempts, method: job.request.method,
+                                                      now: wallClockSeconds()) {
             lock.lock()
             if machine.state(of: op.id) == .running && !op.isCancelled {
                 transferLock.withLock { op.transfer = nil }

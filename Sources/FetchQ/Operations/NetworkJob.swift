@@ -60,8 +60,16 @@ public struct NetworkJob: Sendable {
     }
 
     /// The request's own Cache-Control header (directives to the cache).
+    /// Without one, `Pragma: no-cache` stands for `Cache-Control: no-cache`
+    /// (RFC 7234 §5.4; RFC 9111 deprecates Pragma but HTTP/1.0 clients send it).
     var requestCacheControl: String? {
-        request.headers.first { TransportText.equalsIgnoringASCIICase($0.name, "cache-control") }?.value
+        if let value = request.headers.first(where: { TransportText.equalsIgnoringASCIICase($0.name, "cache-control") })?.value {
+            return value
+        }
+        guard let pragma = request.headers.first(where: { TransportText.equalsIgnoringASCIICase($0.name, "pragma") })?.value,
+              pragma.split(separator: ",").contains(where: { TransportText.equalsIgnoringASCIICase(String($0.trimmingSpaces), "no-cache") })
+        else { return nil }
+        return "no-cache"
     }
 
     /// Identical requests (same URL, headers and limits) share a transfer; nil when this

@@ -15,9 +15,10 @@ import fetchq
 
 from conftest import TIMEOUT
 
-# A scripted answer: the bytes, or a function that writes to the connection
-# itself (it may stream until the client goes away).
-Answer = Union[bytes, Callable[[socket.socket], None]]
+# A scripted answer: the bytes, or a function of the connection and the
+# request head that writes the answer itself (it may stream until the client
+# goes away); it returns whether the connection stays open.
+Answer = Union[bytes, Callable[[socket.socket, str], bool]]
 
 
 class RawServer:
@@ -27,6 +28,7 @@ class RawServer:
     def __init__(self, answers: Dict[str, Answer]) -> None:
         self.answers = answers
         self.requests: List[str] = []
+        self.heads: List[str] = []
         self.listener = socket.socket()
         self.listener.bind(("127.0.0.1", 0))
         self.listener.listen(16)
@@ -76,11 +78,13 @@ class RawServer:
                     buf += conn.recv(65536)
                 buf = buf[length:]
                 self.requests.append(path)
+                self.heads.append(head.decode("latin-1"))
                 answer = self.answers[path]
                 try:
                     if callable(answer):
-                        answer(conn)
-                        return
+                        if not answer(conn, head.decode("latin-1")):
+                            return
+                        continue
                     conn.sendall(answer)
                 except OSError:
                     return
@@ -153,7 +157,7 @@ def test_a_followed_redirects_body_counts_against_the_cap(engine: fetchq.Engine)
     body (200 MB, or a chunked body for ever) past max_response_bytes."""
     streamed: List[int] = []
 
-    def endless_chunked(conn: socket.socket) -> None:
+    def endless_chunked(conn: socket.socket, head: str) -> bool:
         conn.sendall(b"HTTP/1.1 302 Found\r\nLocation: /ok\r\nTransfer-Encoding: chunked\r\n\r\n")
         chunk = b"%x\r\n" % 65536 + b"x" * 65536 + b"\r\n"
         sent, end = 0, time.monotonic() + 15
@@ -161,6 +165,7 @@ def test_a_followed_redirects_body_counts_against_the_cap(engine: fetchq.Engine)
             conn.sendall(chunk)
             sent += 65536
             streamed.append(sent)
+        return False
 
     big = b"HTTP/1.1 302 Found\r\nLocation: /ok\r\nContent-Length: 5000000\r\n\r\n" + b"x" * 5_000_000
     ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"
