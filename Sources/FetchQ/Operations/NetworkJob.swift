@@ -355,8 +355,12 @@ struct NetworkSettings: Sendable {
              body: [UInt8]?) throws(FetchQError) -> NetworkJob {
         var url = url
         let (host, plain, ascii) = url.withUTF8 { bytes in
-            (URLUtilities.hostOf(utf8: bytes), !bytes.contains(where: { $0 <= 0x20 || $0 == 0x7F }),
-             !bytes.contains(where: { $0 >= 0x80 }))
+            var plain = true, ascii = true  // one pass over the bytes for both
+            for b in bytes {
+                if b <= 0x20 || b == 0x7F { plain = false }
+                if b >= 0x80 { ascii = false }
+            }
+            return (URLUtilities.hostOf(utf8: bytes), plain, ascii)
         }
         guard let host else {
             throw FetchQError(.invalid, "url \"\(URLUtilities.redactingPassword(url))\": only absolute http:// and https:// URLs with a host are allowed")
