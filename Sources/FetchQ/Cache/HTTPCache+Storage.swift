@@ -130,13 +130,19 @@ extension HTTPCache {
             // A new file is readable by its owner only: responses may be private.
             let fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
             if fd >= 0 { Glibc.close(fd) }
-            guard sqlite3_threadsafe() != 0 else {
-                throw FetchQError(.store, "http cache: SQLite was built without thread support")
+            let created = fd >= 0
+            do throws(FetchQError) {
+                guard sqlite3_threadsafe() != 0 else {
+                    throw FetchQError(.store, "http cache: SQLite was built without thread support")
+                }
+                sqlite = try SQLiteConnection(
+                    path: path, busyTimeoutMilliseconds: Self.busyTimeoutMilliseconds
+                ) { $0.fetchQError("http cache", path: path) }
+                try sqlite.setUp(configure)
+            } catch {
+                if created { unlink(path) }  // refused: leave no empty file behind
+                throw error
             }
-            sqlite = try SQLiteConnection(
-                path: path, busyTimeoutMilliseconds: Self.busyTimeoutMilliseconds
-            ) { $0.fetchQError("http cache", path: path) }
-            try sqlite.setUp(configure)
         }
 
         func close() {

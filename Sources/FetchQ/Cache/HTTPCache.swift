@@ -408,6 +408,9 @@ public final class HTTPCache: Sendable {
            authority.contains("@") {
             return false
         }
+        for line in key.split(separator: "\n") where line.hasPrefix(":proxy: ") && line.contains("@") {
+            return false  // the proxy's URL holds a user (and password)
+        }
         return !key.contains("\nauthorization: ") && !key.contains("\nproxy-authorization: ")
             && !key.contains("\ncookie: ")
     }
@@ -441,7 +444,10 @@ public final class HTTPCache: Sendable {
             state.entries.insert(key, entry, cost: cost)
         }
         evict(keeping: key, &state, deleted: &deleted)
-        if let connection = state.connection, let row {
+        if let connection = state.connection {
+            // An entry the file may not hold (`mayPersist`) still writes the
+            // deletions of what it evicted, and removes an older row of its key.
+            if row == nil { deleted.append(key) }
             record(&state) { () throws(FetchQError) in
                 try connection.write(row, deleting: deleted)
             }

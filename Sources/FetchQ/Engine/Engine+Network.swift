@@ -28,6 +28,9 @@ extension Engine {
         var requestCacheControl: String?
         /// The entry being revalidated (conditional headers were sent).
         var entry: HTTPCache.Entry?
+        /// The request is made again without validators after a 304 that
+        /// no entry could take: it stores its answer, and is not asked again.
+        var askedAgain = false
         /// stale-while-revalidate delivered `entry` first (an update event):
         /// it stays the value if the refresh fails.
         var deliveredFirst = false
@@ -39,7 +42,9 @@ extension Engine {
     func startTransfer(_ op: Operation, _ job: NetworkJob, attempt: Int, existing: [CurlTransport]) {
         var job = job
         var cacheContext: CacheContext? = nil
-        if let cache = httpCache, let key = job.cacheKey, attempt == 1 {
+        if attempt > 1, let carried = lock.withLock({ op.askingAgain.take() }) {
+            cacheContext = carried  // no lookup, no validators: the answer is stored
+        } else if let cache = httpCache, let key = job.cacheKey, attempt == 1 {
             let control = job.requestCacheControl
             var context = CacheContext(key: key, requestCacheControl: control)
             var found: HTTPCache.Lookup = job.cache == .reload ? .miss : cache.lookup(key, now: wallClockSeconds(), requestCacheControl: control)
@@ -247,7 +252,7 @@ extension Engine {
                 // The answer of another URL: never stored under this one's
                 // key (that would keep the redirect, which may change, for
                 // as long as the target may be cached).
-            } else if response.status == 304, let validated = context.entry {
+            } else if response.status == 304, let validated = context.entry, !context.askedAgain {
                 if let refreshed = cache.refresh(context.key, notModifiedHeaders: response.headers, now: now,
                                                  validated: validated) {
                     // Revalidated: the cached body, with this transfer's metrics.
@@ -257,6 +262,9 @@ extension Engine {
                     fromCache = true
                 } else {
                     askAgain = true
+                    var carried = context
+                    carried.askedAgain = true
+                    lock.withLock { op.askingAgain = carried }
                 }
             } else if response.headers.contains(where: { Self.isCachingHeader($0.name) }) {
                 // Only responses that say how to cache them (Cache-Control or

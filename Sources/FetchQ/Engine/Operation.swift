@@ -109,6 +109,11 @@ public final class Operation: @unchecked Sendable {
         get { net?.lastProgress ?? (0, 0) }
         set { net?.lastProgress = newValue }
     }
+    /// See `NetworkState.askingAgain` (guarded by the engine's lock).
+    var askingAgain: Engine.CacheContext? {
+        get { net?.askingAgain }
+        set { net?.askingAgain = newValue }
+    }
     /// A coalesced caller: the transfer it shares (guarded by the engine's lock).
     var shared: SharedTransfer? {
         get { net?.shared }
@@ -214,4 +219,7 @@ final class NetworkState {
     var carries: SharedTransfer?
     var leads: SharedTransfer?
     var handedTo: Operation?
+    /// A 304 that no entry could take: the cache context the next attempt,
+    /// made without validators, keeps (guarded by the engine's lock).
+    var askingAgain: Engine.CacheContext?
 }

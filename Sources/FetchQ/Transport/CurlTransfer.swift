@@ -38,6 +38,8 @@ final class CurlTransfer: @unchecked Sendable {
     /// The blank line after the current response's header section came: a
     /// field line now is a trailer (until the next status line).
     private var headerSectionEnded = false
+    /// The last field line was dropped (its obs-fold continuation goes too).
+    private var droppedLastLine = false
     /// The response's Content-Length as first given (-1: none yet).
     private var declaredLength: Int64 = -1
     /// Why the header callback stopped the transfer (bad framing), if it did.
@@ -311,17 +313,19 @@ final class CurlTransfer: @unchecked Sendable {
         // change how it is parsed). They are dropped.
         if headerSectionEnded { return count }
         if line.first == 0x20 || line.first == 0x09 {
-            // obs-fold continuation of the previous field.
-            if !headers.isEmpty {
+            // obs-fold continuation of the previous field (dropped with it).
+            if !headers.isEmpty && !droppedLastLine {
                 headers[headers.count - 1].value += " " + Self.fieldValue(line)
             }
             return count
         }
+        droppedLastLine = true
         guard let colon = line.firstIndex(of: UInt8(ascii: ":")) else { return count }
         // RFC 9110 §5.1, RFC 9112 §5.1: a field name is a token, with no
         // whitespace before the colon; a line that breaks this is dropped.
         let nameBytes = line[..<colon]
         guard !nameBytes.isEmpty, nameBytes.allSatisfy(Self.isTokenByte) else { return count }
+        droppedLastLine = false
         let valueBytes = line[(colon + 1)...]
         if nameBytes.count == 14 && Self.isContentLength(nameBytes) && !acceptsContentLength(valueBytes) {
             return 0
@@ -354,9 +358,12 @@ final class CurlTransfer: @unchecked Sendable {
     /// value's leading digits ("0x12" as 0, "2, 18" as 2) and framed the
     /// body by them.
     private func acceptsContentLength(_ value: Slice<UnsafeRawBufferPointer>) -> Bool {
-        var n: Int64 = 0, digits = 0, spaceAfter = false
+        // `digits` counts significant digits (leading zeros are allowed);
+        // RFC 9110 §5.6.1: empty list elements are ignored.
+        var n: Int64 = 0, digits = 0, seen = false, spaceAfter = false, any = false
         func itemEnded() -> Bool {
-            guard digits > 0 else { return false }
+            guard seen else { return true }  // an empty element
+            any = true
             if declaredLength >= 0 && n != declaredLength {
                 framingError = "the response gives two Content-Lengths (\(declaredLength) and \(n))"
                 return false
@@ -364,13 +371,15 @@ final class CurlTransfer: @unchecked Sendable {
             declaredLength = n
             n = 0
             digits = 0
+            seen = false
             return true
         }
         for b in value {
             switch b {
             case 0x30...0x39 where !spaceAfter && digits < 18:
+                seen = true
+                if n > 0 || b != 0x30 { digits += 1 }
                 n = n * 10 + Int64(b - 0x30)
-                digits += 1
             case 0x20, 0x09:
                 if digits > 0 { spaceAfter = true }
             case UInt8(ascii: ","):
@@ -380,7 +389,7 @@ final class CurlTransfer: @unchecked Sendable {
                 return framingErrorSet(value)
             }
         }
-        return itemEnded() || framingErrorSet(value)
+        return itemEnded() && any || framingErrorSet(value)
     }
 
     /// Sets `framingError` for an invalid Content-Length (unless a conflict set it); false.

@@ -20,8 +20,10 @@ Lifetime rules (what keeps what alive):
 * Counters of calls into C (``core.inflight``, ``Queue._users``) are changed
   only inline inside ``with core.lock:`` blocks, in statements that call
   nothing: CPython raises a KeyboardInterrupt only at calls and jumps, so an
-  interrupt cannot leave a count that never returns to zero (which made
-  ``close()`` wait for ever).
+  interrupt almost never leaves a count that does not return to zero (which
+  made ``close()`` wait for ever). One case remains: an interrupt that lands
+  while the decrement waits for the lock another thread holds (a blocked
+  ``Lock.acquire`` raises it) — pure Python cannot defer it.
 * After ``os.fork()`` the child forgets every engine it inherited (their
   threads do not exist there): using one raises ShutdownError, and its
   finalizer frees nothing.
@@ -827,7 +829,9 @@ class _Core:
         """A blocking wait ``fn(handle, *args, timeout_ms)`` made in slices of
         at most 0.1 s, so that Ctrl-C (KeyboardInterrupt) and close() get in
         between: a wait inside C runs no Python signal handler."""
-        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        _timeout_ms(timeout)                # a negative timeout: ValueError
+        deadline = None if timeout is None else time.monotonic() + timeout
+        first = True
         while True:
             left = 0.1 if deadline is None else min(0.1, max(0.0, deadline - time.monotonic()))
             try:
@@ -836,6 +840,14 @@ class _Core:
             except Timeout:
                 if deadline is not None and time.monotonic() >= deadline:
                     raise
+            except (ShutdownError, StateError):
+                # The engine (or queue) was closed by another thread during
+                # the wait: close() cancels and ends everything, so the wait
+                # is over, as a single wait inside C would have returned.
+                if first:
+                    raise
+                return
+            first = False
 
     # -- ids, futures, cancel ----------------------------------------------
 
@@ -910,11 +922,14 @@ class _Core:
                 # nested deeper than this thread's stack allows, MemoryError):
                 # the future raises it rather than never resolving.
                 how, value = "exception", exc
-            # Drop the state (it keeps the queue and engine alive) before the
-            # future's done-callbacks run, so they see the engine as the user
-            # left it.
+            # Drop the state (its function, arguments and queue) before the
+            # future's done-callbacks run, but keep the engine it held until
+            # they have: one may submit follow-up work to the queue although
+            # the application dropped its own reference to the engine.
+            engine = state.engine
             del state
             self._resolve(fut, how, value)
+            del engine
         except BaseException:  # never let an exception unwind into C
             log.exception("fetchq: error in completion callback")
         finally:
@@ -1196,8 +1211,8 @@ def _one_value_per_name(pairs: Any, what: str) -> Dict[str, Any]:
     """A dict of ``pairs`` (a mapping, or an iterable of (name, value)):
     a name given twice raises ValueError rather than keeping only the last
     value (the request's JSON object holds one value per name)."""
-    if isinstance(pairs, Mapping):
-        return dict(pairs)
+    if isinstance(pairs, Mapping) or hasattr(pairs, "keys"):
+        return dict(pairs)                  # a mapping, or what dict() reads as one
     result: Dict[str, Any] = {}
     for name, value in pairs:
         if name in result:
@@ -1438,11 +1453,12 @@ class Queue(Generic[_F]):
                     core.inflight += 1
                     self._users += 1
                     entered = True
-                called = True
                 if state.progress is None and state.on_child is None and state.on_update is None:
+                    called = True
                     op_id = call(h, opts, token)
                 else:                       # events are routed by op id (see by_op)
                     with core.submit_lock:
+                        called = True
                         op_id = call(h, opts, token)
                         core.by_op[op_id] = state
             finally:
@@ -1683,7 +1699,9 @@ class Queue(Generic[_F]):
             raise
         except BaseException:               # interrupted (Ctrl-C): the library may have them
             for token in tokens:
-                pending[token].interrupted = True
+                state = pending.get(token)      # (those that completed already are gone)
+                if state is not None:
+                    state.interrupted = True
             raise
         finally:
             _ffi.free_private(owned)
@@ -1741,8 +1759,10 @@ async def _await_pending(core: _Core, which: Callable[[_OpState], bool],
         if not started_async_too:
             with core.lock:
                 skipped = {op.id for op in core.async_ops}
+        # (not those whose submit was interrupted: nobody holds their future,
+        # and the library may never have taken them)
         futs = [s.future for s in list(core.pending.values())
-                if which(s) and s.future._op_id not in skipped]
+                if which(s) and not s.interrupted and s.future._op_id not in skipped]
         if not futs:
             return
         remaining = None if deadline is None else max(0.0, deadline - loop.time())

@@ -57,6 +57,9 @@ def test_a_304_that_no_entry_can_take_asks_again_without_validators(engine: fetc
         assert r.status == 200 and r.json() == {"v": 2} and r.metrics["from_cache"] is False
         assert len(served) == 3                               # plain, conditional, plain again
         assert 'if-none-match: "e1"' in served[1].lower() and "if-none-match" not in served[2].lower()
+        # The answer asked again for was stored: the next GET revalidates it.
+        q.get(s.url("/e")).result(timeout=TIMEOUT)
+        assert 'if-none-match: "e2"' in served[3].lower()
 
 
 def test_a_304_for_an_entry_evicted_meanwhile_answers_with_that_entry(engine: fetchq.Engine) -> None:
@@ -114,11 +117,14 @@ def test_the_cache_file_keeps_no_credentials_and_is_private(tmp_path: Path) -> N
     path = tmp_path / "cache.db"
     fresh = response("200 OK", ["Cache-Control: max-age=600", "Content-Type: application/json"], b"{}")
     for s in serve({"/me": fresh, "/pub": fresh}):
+        s.answers[s.url("/me")] = fresh                       # the absolute-form target a proxy gets
         with fetchq.Engine(cache={"path": str(path)}) as e:
             q = e.queue("c")
             q.get(s.url("/me"), headers={"Authorization": "Bearer SECRET-1"}).result(timeout=TIMEOUT)
             q.get(s.url("/me"), headers={"Cookie": "session=SECRET-2"}).result(timeout=TIMEOUT)
             q.get(s.url("/me").replace("http://", "http://u:SECRET-3@")).result(timeout=TIMEOUT)
+            # through a proxy whose URL holds a password (the server answers as the proxy)
+            q.get(s.url("/me"), proxy=s.url("").replace("http://", "http://p:SECRET-4@")).result(timeout=TIMEOUT)
             q.get(s.url("/pub")).result(timeout=TIMEOUT)
             # still answered from memory
             r = q.get(s.url("/me"), headers={"Authorization": "Bearer SECRET-1"}).result(timeout=TIMEOUT)
@@ -128,6 +134,28 @@ def test_the_cache_file_keeps_no_credentials_and_is_private(tmp_path: Path) -> N
         keys = [k for (k,) in db.execute("SELECT key FROM fetchq_http_cache")]
     assert len(keys) == 1 and keys[0].startswith("GET " + s.url("/pub"))
     assert not any("SECRET" in k for k in keys)
+
+
+def test_the_file_stays_within_max_bytes_with_entries_it_may_not_hold(tmp_path: Path) -> None:
+    """Entries kept in memory only (credentials) evicted others without
+    deleting their rows: the file outgrew max_bytes and served evicted rows."""
+    path = tmp_path / "cache.db"
+    body = b'{"x": "' + b"x" * 900 + b'"}'
+    fresh = response("200 OK", ["Cache-Control: max-age=600", "Content-Type: application/json"], body)
+    for s in serve({"/p%d" % i: fresh for i in range(12)}):
+        with fetchq.Engine(cache={"path": str(path), "max_bytes": 3000}) as e:
+            q = e.queue("c")
+            for i in range(12):
+                headers = {"Authorization": "Bearer t"} if i % 2 else {}
+                q.get(s.url("/p%d" % i), headers=headers).result(timeout=TIMEOUT)
+        with sqlite3.connect(str(path)) as db:
+            (total,), = db.execute("SELECT coalesce(sum(size), 0) FROM fetchq_http_cache")
+            keys = [k for (k,) in db.execute("SELECT key FROM fetchq_http_cache")]
+        assert total <= 3000, (total, keys)
+        assert not any("authorization" in k for k in keys)
+        with fetchq.Engine(cache={"path": str(path), "max_bytes": 3000}) as e:   # an evicted row is not served
+            r = e.queue("c").get(s.url("/p0")).result(timeout=TIMEOUT)
+            assert r.metrics["from_cache"] is False
 
 
 def test_a_locked_cache_file_stalls_nothing_and_is_reported(tmp_path: Path, caplog: Any) -> None:

@@ -13,6 +13,8 @@ import weakref
 from typing import List
 
 
+import pytest
+
 import fetchq
 
 from conftest import BINDING, TIMEOUT, needs_network
@@ -364,3 +366,53 @@ def test_futures_and_queues_have_types() -> None:
     # the submits return the queue's future type
     for method in ("submit", "search", "request", "get"):
         assert str(typing.get_type_hints(getattr(fetchq.Queue, method))["return"]) == "~_F", method
+
+
+def test_waits_during_close_and_negative_timeouts() -> None:
+    """A wait running while another thread closes the engine returns (it
+    raised ShutdownError once the waits were sliced); a negative timeout is
+    still a ValueError."""
+    e = fetchq.Engine()
+    q = e.queue("q")
+    with pytest.raises(ValueError):
+        q.wait(-1)
+    with pytest.raises(ValueError):
+        e.wait_idle(-1)
+    gate = threading.Event()
+    q.submit(gate.wait, 0.5)
+    outcome: List[str] = []
+
+    def waiter() -> None:
+        try:
+            e.wait_idle()
+            outcome.append("returned")
+        except BaseException as ex:  # noqa: BLE001
+            outcome.append(type(ex).__name__)
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    time.sleep(0.2)
+    e.close()
+    t.join(TIMEOUT)
+    assert outcome == ["returned"]
+
+
+def test_a_done_callback_may_submit_after_the_engine_was_dropped() -> None:
+    e = fetchq.Engine()
+    q = e.queue("q")
+    follow: List[object] = []
+    done = threading.Event()
+
+    def cont(_: object) -> None:
+        try:
+            follow.append(q.submit(int, 5))
+        except BaseException as ex:  # noqa: BLE001
+            follow.append(ex)
+        done.set()
+
+    q.submit(time.sleep, 0.2).add_done_callback(cont)
+    del e
+    assert done.wait(TIMEOUT)
+    assert isinstance(follow[0], fetchq.Future), follow
+    assert follow[0].result(timeout=TIMEOUT) == 5
+

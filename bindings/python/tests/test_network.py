@@ -66,6 +66,11 @@ def test_params_and_headers_as_pairs_refuse_a_repeated_name(net_engine: fetchq.E
     echo = q.request("GET", server.url("/echo"), params=[("a", "1"), ("b", "2")],
                      headers=[("X-A", "x")]).result(timeout=TIMEOUT).json()
     assert echo["query"] == {"a": "1", "b": "2"} and echo["headers"]["x-a"] == "x"
+    # What dict() reads as a mapping still is one (an email.message.Message).
+    import email.message
+    m = email.message.Message()
+    m["X-M"] = "m"
+    assert q.request("GET", server.url("/echo"), headers=m).result(timeout=TIMEOUT).json()["headers"]["x-m"] == "m"
     # A repeated name was dropped silently (only the last value was sent).
     with pytest.raises(ValueError, match="params: 'tag' is given twice"):
         q.request("GET", server.url("/echo"), params=[("tag", "a"), ("tag", "b")])

@@ -144,10 +144,13 @@ def test_an_invalid_content_length_fails_the_response(engine: fetchq.Engine, val
             engine.queue("cl").get(s.url("/cl")).result(timeout=TIMEOUT)
 
 
-def test_a_repeated_equal_content_length_is_accepted(engine: fetchq.Engine) -> None:
+@pytest.mark.parametrize("value", [b"18, 18\r\nContent-Length: 18", b"000000000000000000000018",
+                                   b"18,,18", b"18, , 18", b"18,"])
+def test_a_valid_content_length_is_accepted(engine: fetchq.Engine, value: bytes) -> None:
+    """Repeated equal values, leading zeros, and empty list elements (RFC 9110 §5.6.1)."""
     body = b'{"items": [1, 2]}\n'
-    answer = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 18, 18\r\n"
-              b"Content-Length: 18\r\n\r\n" + body)
+    answer = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: " + value
+              + b"\r\n\r\n" + body)
     for s in serve({"/cl": answer}):
         assert engine.queue("cl").get(s.url("/cl")).result(timeout=TIMEOUT).json() == {"items": [1, 2]}
 
@@ -187,7 +190,7 @@ def test_a_followed_redirects_body_counts_against_the_cap(engine: fetchq.Engine)
 
 def test_malformed_header_lines_are_dropped_and_a_bare_cr_is_a_space(engine: fetchq.Engine) -> None:
     answer = (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nx y: 1\r\nx-bad : 2\r\n: 3\r\nX-Tab\t: 4\r\n"
-              b"X-CR: one\rtwo\r\nX-Good: 5\r\n\r\n{}")
+              b"X-CR: one\rtwo\r\nX-Good: 5\r\nBad Name: b\r\n folded\r\n\r\n{}")
     for s in serve({"/h": answer}):
         r = engine.queue("h").get(s.url("/h")).result(timeout=TIMEOUT)
         assert {k: v for k, v in r.headers.items() if k.startswith("x") or not k} == \
