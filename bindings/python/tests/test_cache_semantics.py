@@ -18,20 +18,12 @@ import pytest
 import fetchq
 
 from conftest import TIMEOUT
-from test_responses import serve
+from test_responses import engine, serve  # noqa: F401 (engine: the shared fixture)
 
 
 def response(status: str, headers: List[str], body: bytes = b"") -> bytes:
     head = "HTTP/1.1 %s\r\n%s\r\nContent-Length: %d\r\n\r\n" % (status, "\r\n".join(headers), len(body))
     return head.encode() + body
-
-
-@pytest.fixture
-def engine() -> Iterator[fetchq.Engine]:
-    e = fetchq.Engine(timeout_ms=10000)
-    yield e
-    e.close()
-    assert e._core.violations == []
 
 
 def test_a_304_that_no_entry_can_take_asks_again_without_validators(engine: fetchq.Engine) -> None:
