@@ -8,10 +8,9 @@ import os
 import socket
 import sqlite3
 import stat
-import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator, List
+from typing import Any, List
 
 import pytest
 
