@@ -106,13 +106,24 @@ import Testing
         }
     }
 
-    @Test func cancellingTheParentCancelsEveryChildWithOneCallback() throws {
+    /// How the parent is cancelled: by its id, or in bulk (its group, its
+    /// queue, everything), which ends it and its queued children in one pass.
+    enum ParentCancel: CaseIterable { case byID, group, queue, all }
+
+    @Test(arguments: ParentCancel.allCases)
+    func cancellingTheParentCancelsEveryChildWithOneCallback(_ how: ParentCancel) throws {
         try withEngine(config, queue: 1) { engine, queue, c in
             queue.setSuspended(true)
-            let id = try submitAll(engine, ["__slow", "swift", "c", "go"], options: #"{"child_events": true}"#, on: queue, c)
+            let id = try submitAll(engine, ["__slow", "swift", "c", "go"],
+                                   options: #"{"child_events": true, "group": "g"}"#, on: queue, c)
             queue.setSuspended(false)
             usleep(50_000)  // let the first child start (not an assertion: both paths are checked)
-            try engine.cancel(id)
+            switch how {
+            case .byID: try engine.cancel(id)
+            case .group: #expect(engine.cancelGroup("g") >= 1)
+            case .queue: #expect(queue.cancelAll() >= 1)
+            case .all: #expect(engine.cancelAll() >= 1)
+            }
             let r = try #require(c.wait(id))
             #expect(r.outcome == .cancelled)
             #expect(engine.waitIdle(timeoutMs: 10_000) == .ok)

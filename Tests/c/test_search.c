@@ -648,3 +648,54 @@ TEST(search_all_child_events_before_parent) {
     free(log);
     fqt_server_stop(&s);
 }
+
+/* Freeing the queue or the engine cancels a search-all and its queued
+ * children in one pass: every child still gets its (cancelled) event, once,
+ * before the parent's callback. */
+TEST(search_all_child_events_when_freed) {
+    fqt_server s;
+    fqt_server_start(&s, NULL);
+    const char *qs[] = {"swift", "c", "go"};
+    enum { NQ = 3 };
+    for (int free_engine = 0; free_engine <= 1; free_engine++) {
+        fq_engine *e = search_engine(&s, NULL);
+        fq_queue *q = fqt_queue(e, "q", 1);
+        child_log *log = calloc(1, sizeof *log);
+        REQUIRE(log != NULL);
+        pthread_mutex_init(&log->mu, NULL);
+        CHECK_OK(fq_engine_set_event_fn(e, on_child_event, log));
+        CHECK_OK(fq_queue_set_suspended(q, true));
+        netrec n;
+        memset(&n, 0, sizeof n);
+        fq_op_id id = search_all(q, qs, NQ, "{\"child_events\": true}", &n);
+        REQUIRE(id > 0);
+        if (free_engine) {
+            fq_engine_free(e);
+        } else {
+            fq_queue_free(q);
+            CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));
+        }
+        CHECK_EQ_INT(atomic_load(&n.r.calls), 1);
+        expect(&n, FQ_CANCELLED, FQ_ERR_CANCELLED, free_engine ? "engine freed" : "queue freed");
+        pthread_mutex_lock(&log->mu);
+        CHECK_EQ_INT(log->n, NQ);
+        for (int i = 0; i < log->n; i++) {
+            child_ev *c = &log->ev[i];
+            CHECK_EQ_INT(c->parent, id);
+            CHECK_EQ_INT(c->outcome, FQ_CANCELLED);
+            CHECK_EQ_INT(c->status, FQ_ERR_CANCELLED);
+            CHECK(strcmp(c->query, qs[0]) == 0 || strcmp(c->query, qs[1]) == 0 || strcmp(c->query, qs[2]) == 0);
+            for (int j = 0; j < i; j++)
+                if (strcmp(log->ev[j].query, c->query) == 0) FAILF("two child events for %s", c->query);
+            if (c->seq >= n.r.done_seq) FAILF("child event %s after the parent's callback", c->query);
+            json_decref(c->value);
+        }
+        pthread_mutex_unlock(&log->mu);
+        netrec_clear(&n);
+        if (!free_engine) fqt_engine_free(e);
+        pthread_mutex_destroy(&log->mu);
+        free(log);
+    }
+    CHECK_EQ_INT(fqt_server_stat(&s, "requests"), 0);
+    fqt_server_stop(&s);
+}

@@ -636,9 +636,12 @@ public final class Engine: @unchecked Sendable {
     /// (called before its own callback is posted): the child event, and the
     /// cancellations the family implies (a cancelled parent cancels its
     /// children; with fail_fast a failed child cancels its siblings). Returns
-    /// the actions of those cancellations. A cancelled parent's children that
-    /// have not ended get their events now, as cancelled: their ends come
-    /// after the parent's callback, which is after every child event.
+    /// the actions of those cancellations. A cancelled parent's children
+    /// whose ends were not handled here yet get their events now, as
+    /// cancelled: their ends come after the parent's callback, which is after
+    /// every child event. (Not only the live ones: a bulk cancel — a group,
+    /// a queue, everything, or freeing the engine — ends the parent and its
+    /// queued children in one pass, before any of their ends is handled.)
     func familyEnded(_ op: Operation, _ result: OperationResult, _ work: inout [Work]) -> [Machine.Action] {
         guard let family = op.family else { return [] }
         var cancels: [OpID] = []
@@ -646,7 +649,7 @@ public final class Engine: @unchecked Sendable {
             if result.outcome == .cancelled {
                 cancels = family.children
                 if family.childEvents && !family.parentEnded, let handler = eventHandler {
-                    for child in family.children where machine.isLive(child) {
+                    for child in family.children where family.endings[child] == nil {
                         let ended = OperationResult(id: child, outcome: .cancelled, status: .cancelled,
                                                     message: "operation \(child) was cancelled", value: nil)
                         let event = OperationEvent(id: family.parent, kind: .child, child: ended,
