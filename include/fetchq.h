@@ -459,7 +459,15 @@ fq_op_id fq_submit_async(fq_queue *queue, fq_async_fn fn, const json_t *options,
  *                methods (GET, HEAD, OPTIONS, TRACE, PUT, DELETE) are retried
  *                unless "any_method" is true. Waiting for a retry holds no
  *                slot; cancelling then ends the operation at once. The metrics'
- *                "attempts" counts the tries;
+ *                "attempts" counts the tries. Apart from retries: when a
+ *                kept-alive HTTP/1.1 connection closes before any byte of the
+ *                answer, libcurl sends an idempotent request once more on a
+ *                new connection (not counted in "attempts"); any other method
+ *                ends FQ_ERR_NETWORK ("not sent again": the server may have
+ *                acted on it, RFC 9112 §9.3.1.1) and is retried only
+ *                with "any_method". Over HTTP/2 a request the server refused
+ *                unprocessed (a stream after its GOAWAY) is sent again
+ *                whatever its method;
  *   "coalesce"   true (default): a GET without a body, "depends_on" or
  *                "barrier" that is identical to one in flight (same URL,
  *                headers, limits, "retry" and progress setting) shares its

@@ -2,6 +2,7 @@
 #define _GNU_SOURCE /* pthread_setname_np */
 #include "fq_curl.h"
 
+#include <dlfcn.h>
 #include <pthread.h>
 #include <sys/socket.h>
 #include <string.h>
@@ -30,6 +31,34 @@ CURLcode fqc_easy_setopt_write_callback(CURL *easy, CURLoption option,
 CURLcode fqc_easy_setopt_xferinfo_callback(CURL *easy, CURLoption option,
                                            curl_xferinfo_callback callback) {
     return curl_easy_setopt(easy, option, callback);
+}
+
+CURLcode fqc_easy_setopt_prereq_callback(CURL *easy, curl_prereq_callback callback) {
+    return curl_easy_setopt(easy, CURLOPT_PREREQFUNCTION, callback);
+}
+
+/* OpenSSL's SSL_get0_alpn_selected, from the libssl libcurl loaded (looked up
+ * at run time: fetchq does not link libssl itself). */
+typedef void (*alpn_selected_fn)(const void *ssl, const unsigned char **data, unsigned int *len);
+static alpn_selected_fn alpn_selected;
+static pthread_once_t alpn_once = PTHREAD_ONCE_INIT;
+
+static void find_alpn_selected(void) {
+    void *libssl = dlopen("libssl.so.3", RTLD_LAZY | RTLD_NOLOAD);
+    if (libssl) alpn_selected = (alpn_selected_fn)dlsym(libssl, "SSL_get0_alpn_selected");
+}
+
+int fqc_connection_multiplexed(CURL *easy) {
+    struct curl_tlssessioninfo *tls = NULL;
+    if (curl_easy_getinfo(easy, CURLINFO_TLS_SSL_PTR, &tls) != CURLE_OK || tls == NULL) return -1;
+    if (tls->internals == NULL) return 0; /* cleartext: HTTP/1.1 (fetchq never asks for h2c) */
+    if (tls->backend != CURLSSLBACKEND_OPENSSL) return -1;
+    pthread_once(&alpn_once, find_alpn_selected);
+    if (alpn_selected == NULL) return -1;
+    const unsigned char *protocol = NULL;
+    unsigned int length = 0;
+    alpn_selected(tls->internals, &protocol, &length);
+    return length == 2 && protocol[0] == 'h' && protocol[1] == '2';
 }
 
 CURLcode fqc_easy_getinfo_long(CURL *easy, CURLINFO info, long *out) {

@@ -30,6 +30,16 @@ CURLcode fqc_easy_setopt_write_callback(CURL *easy, CURLoption option,
 CURLcode fqc_easy_setopt_xferinfo_callback(CURL *easy, CURLoption option,
                                            curl_xferinfo_callback callback);
 
+/* CURLOPT_PREREQFUNCTION (libcurl 7.80): called before each request is made
+ * on a connection (the first, a redirect's, or curl's own re-send). */
+CURLcode fqc_easy_setopt_prereq_callback(CURL *easy, curl_prereq_callback callback);
+
+/* Whether the connection an easy handle is on multiplexes (HTTP/2 chosen by
+ * ALPN), asked in a PREREQFUNCTION (after the handshake, before the
+ * request): 1; 0 for HTTP/1.x (cleartext, or ALPN chose no h2); -1 when it
+ * cannot tell (a TLS backend other than OpenSSL, libssl.so.3 not found). */
+int fqc_connection_multiplexed(CURL *easy);
+
 /* curl_easy_getinfo, by result type. `out` is written only on CURLE_OK. */
 CURLcode fqc_easy_getinfo_long(CURL *easy, CURLINFO info, long *out);
 CURLcode fqc_easy_getinfo_off(CURL *easy, CURLINFO info, curl_off_t *out);

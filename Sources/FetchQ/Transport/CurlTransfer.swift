@@ -45,6 +45,16 @@ final class CurlTransfer: @unchecked Sendable {
     /// Why the header callback stopped the transfer (bad framing), if it did.
     private var framingError: String?
     private var lastProgressNs: UInt64 = 0
+    // curl's own re-send of a request (see `beforeRequest`).
+    /// Requests made so far in this hop (curl's PREREQFUNCTION calls).
+    private var requestsMade = 0
+    /// A status line came since the last request was made.
+    private var answeredSinceRequest = false
+    /// Whether the connection the last request went out on carried HTTP/2
+    /// (1), HTTP/1.x (0), or is unknown (-1).
+    private var lastConnectionMultiplexed: Int32 = -1
+    /// The prereq callback stopped curl from sending a request again.
+    private var refusedResend = false
     private var lastProgressReceived: UInt64?
 
     // Redirects this transfer follows itself (`followsItself`).
@@ -170,6 +180,16 @@ final class CurlTransfer: @unchecked Sendable {
         // reads and discards (a redirect's it follows), which no write
         // callback sees (`exceedsCapUnseen`).
         long(CURLOPT_NOPROGRESS, 0, "NOPROGRESS")
+        requestsMade = 0
+        answeredSinceRequest = false
+        refusedResend = false
+        if !RetryPolicy.idempotent.contains(request.method) {
+            // libcurl 7.88 sends a request again, whatever its method, when a
+            // reused connection closes before any byte of the answer
+            // (`Curl_retry_request`): see `beforeRequest`.
+            check(fqc_easy_setopt_prereq_callback(easy, curlBeforeRequest), "PREREQFUNCTION")
+            check(fqc_easy_setopt_pointer(easy, CURLOPT_PREREQDATA, me), "PREREQDATA")
+        }
         check(fqc_easy_setopt_xferinfo_callback(easy, CURLOPT_XFERINFOFUNCTION, curlProgress), "XFERINFOFUNCTION")
         check(fqc_easy_setopt_pointer(easy, CURLOPT_XFERINFODATA, me), "XFERINFODATA")
 
@@ -299,6 +319,7 @@ final class CurlTransfer: @unchecked Sendable {
             return count
         }
         if line.starts(with: "HTTP/".utf8) {
+            answeredSinceRequest = true
             // A new response (after a redirect, a 1xx, a proxy CONNECT): only the
             // final one's headers and body count.
             headers.removeAll(keepingCapacity: true)
@@ -432,6 +453,27 @@ final class CurlTransfer: @unchecked Sendable {
         return String(decoding: s.map { $0 == 0x0D ? 0x20 : $0 }, as: UTF8.self)
     }
 
+    /// curl's PREREQFUNCTION, for a method that is not idempotent: false
+    /// stops the transfer. A second request in one hop with no answer to the
+    /// first is curl sending it again because the reused connection closed
+    /// before answering; the server may have read it and acted on it, so it is
+    /// not sent again (RFC 9112 §9.3.1.1) — fetchq's retry policy decides
+    /// ("retry": {"any_method": true}). Over HTTP/2 curl sends again only a
+    /// request the server refused unprocessed (REFUSED_STREAM, a GOAWAY's
+    /// later streams), as RFC 9113 §8.7 allows, and that is let through. A
+    /// redirect or an authentication round is a second request after an
+    /// answer.
+    fileprivate func beforeRequest() -> Bool {
+        if requestsMade > 0 && !answeredSinceRequest && lastConnectionMultiplexed != 1 {
+            refusedResend = true
+            return false
+        }
+        requestsMade += 1
+        answeredSinceRequest = false
+        if let easy { lastConnectionMultiplexed = fqc_connection_multiplexed(easy) }
+        return true
+    }
+
     /// The xferinfo callback: false stops the transfer (the cap).
     fileprivate func transferred(total: curl_off_t, now: curl_off_t) -> Bool {
         if exceedsCapUnseen(now) {
@@ -473,6 +515,16 @@ final class CurlTransfer: @unchecked Sendable {
             let httpURL = Self.hasScheme(request.url, "http://") || Self.hasScheme(request.url, "https://")
             let kind = TransportError.kind(for: code, capExceeded: capExceeded, httpURL: httpURL)
             var text: String
+            if refusedResend && code == CURLE_ABORTED_BY_CALLBACK {
+                var error = TransportError(
+                    kind: .network,
+                    message: "the connection closed before any answer to this \(request.method); it is not sent "
+                        + "again, since the server may have acted on it (RFC 9112 §9.3.1.1; \"retry\": "
+                        + "{\"any_method\": true} retries it)",
+                    curlCode: Int(code.rawValue))
+                error.metrics = metrics(easy, redirects: redirects)
+                return .failure(error)
+            }
             if kind == .tooLarge && capExceeded {
                 text = "response body exceeds max_response_bytes (\(request.maxResponseBytes) bytes)"
             } else if let framingError {
@@ -667,4 +719,8 @@ private let curlWriteHeader: curl_write_callback = { data, size, count, userdata
 
 private let curlProgress: curl_xferinfo_callback = { userdata, dltotal, dlnow, _, _ in
     transfer(userdata).transferred(total: dltotal, now: dlnow) ? 0 : 1
+}
+
+private let curlBeforeRequest: curl_prereq_callback = { userdata, _, _, _, _ in
+    transfer(userdata).beforeRequest() ? CURL_PREREQFUNC_OK : CURL_PREREQFUNC_ABORT
 }

@@ -30,6 +30,12 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def nginx_h2() -> Iterator[Tuple[str, str]]:
+    yield from run_nginx_h2()
+
+
+def run_nginx_h2(http_extra: str = "    access_log off;") -> Iterator[Tuple[str, str]]:
+    """nginx with TLS and http2 on 127.0.0.1 (``http_extra``: lines for its
+    ``http`` block); yields the base URL and the certificate's path."""
     nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
     if nginx is None:
         pytest.fail("nginx not found: install the nginx-light package (CI does)")
@@ -49,7 +55,7 @@ pid %(d)s/nginx.pid;
 error_log %(d)s/error.log;
 events { worker_connections 64; }
 http {
-    access_log off;
+%(extra)s
     client_body_temp_path %(d)s/body;
     proxy_temp_path %(d)s/proxy;
     fastcgi_temp_path %(d)s/fastcgi;
@@ -65,7 +71,8 @@ http {
         }
     }
 }
-""" % {"d": d, "port": port, "cert": cert, "key": key, "body": BODY})
+""" % {"d": d, "port": port, "cert": cert, "key": key, "body": BODY,
+       "extra": http_extra})
     proc = subprocess.Popen([nginx, "-p", str(d), "-c", str(d / "nginx.conf")],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 10
@@ -110,3 +117,25 @@ def test_the_self_signed_certificate_is_refused_without_its_ca(nginx_h2: Tuple[s
     with fetchq.Engine() as engine:
         with pytest.raises(fetchq.TLSError):
             engine.queue("h2-default").request("GET", base + "/").result(timeout=TIMEOUT)
+
+
+def test_posts_refused_by_a_goaway_are_sent_again_once(tmp_path: Path) -> None:
+    """Over HTTP/2 libcurl sends again a request the server refused unprocessed
+    (the streams after a GOAWAY: nginx sends one after keepalive_requests);
+    fetchq lets that through for a POST (RFC 9113 §8.7), where over HTTP/1.1
+    it stops libcurl's re-send. Each POST reaches the server exactly once."""
+    log = tmp_path / "access.log"
+    gen = run_nginx_h2("    keepalive_requests 3;\n    log_format m '$request_method $request_uri';\n"
+                       "    access_log %s m;" % log)
+    base, cert = next(gen)
+    try:
+        with fetchq.Engine(ca_file=cert) as engine:
+            q = engine.queue("h2-post", max_concurrent=8)
+            futures = [q.request("POST", base + "/p?i=%d" % i, json={"i": i}) for i in range(48)]
+            responses = [f.result(timeout=TIMEOUT) for f in futures]
+        assert all(r.status == 200 and r.metrics["http_version"] == "2" for r in responses)
+        lines = log.read_text().split("\n")
+        assert sorted(line for line in lines if line) == sorted("POST /p?i=%d" % i for i in range(48))
+    finally:
+        for _ in gen:
+            pass

@@ -216,3 +216,43 @@ def test_a_parse_error_keeps_the_response(engine: fetchq.Engine) -> None:
         e = info.value
         assert e.status == 200 and e.body == page and e.headers["content-type"] == "text/html"
         assert e.response is not None and e.response.body == page
+
+
+def test_a_request_curl_would_send_again_is_sent_again_only_if_idempotent(engine: fetchq.Engine) -> None:
+    """libcurl 7.88 sends any request again on a new connection when a reused
+    one closes before the first byte of an answer. The server may have acted
+    on it: a POST (or PATCH) is not sent again (RFC 9112 §9.3.1.1) unless the
+    retry policy allows any method; a GET still is."""
+    served: Dict[int, int] = {}                       # requests per connection (client port)
+    ok = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
+
+    def answer_first_only(conn: socket.socket, head: str) -> bool:
+        port = conn.getpeername()[1]
+        served[port] = served.get(port, 0) + 1
+        if served[port] == 1:
+            conn.sendall(ok)
+            return True
+        return False                                  # read, then closed without an answer
+
+    for s in serve({"/order": answer_first_only}):
+        q = engine.queue("resend", max_concurrent=1)
+        for method in ("POST", "PATCH"):
+            before = s.count("/order")
+            assert q.request(method, s.url("/order"), json={"pay": 1}).result(timeout=TIMEOUT).status == 200
+            with pytest.raises(fetchq.NetworkError, match="not sent again"):
+                q.request(method, s.url("/order"), json={"pay": 2}).result(timeout=TIMEOUT)
+            assert s.count("/order") == before + 2    # never a third
+        # The retry policy may send it again: counted as an attempt.
+        before = s.count("/order")
+        assert q.request("POST", s.url("/order"), json={"pay": 3}).result(timeout=TIMEOUT).status == 200
+        r = q.request("POST", s.url("/order"), json={"pay": 4},
+                      retry={"max": 1, "base": 0.01, "any_method": True}).result(timeout=TIMEOUT)
+        assert r.status == 200 and r.metrics["attempts"] == 2
+        assert s.count("/order") == before + 3
+    for s in serve({"/item": answer_first_only}):      # a server of its own: no connection to reuse yet
+        # A GET is sent again by libcurl on a new connection, as before.
+        q = engine.queue("resend-get", max_concurrent=1)
+        assert q.get(s.url("/item")).result(timeout=TIMEOUT).status == 200
+        r = q.get(s.url("/item")).result(timeout=TIMEOUT)
+        assert r.status == 200 and r.metrics["attempts"] == 1
+        assert s.count("/item") == 3
