@@ -649,6 +649,49 @@ import Testing
         #expect(m.laneCount <= lanes + 2, "\(m.laneCount) lanes after 20 queues")
     }
 
+    /// A queue that sent to many hosts kept a lane (25 FIFOs) per host for
+    /// good and looked at each at every start: found by a soak review, a
+    /// queue that had seen 40 000 hosts ran block operations at 19 k/s
+    /// instead of 1.2 M/s. Empty network lanes now go back for reuse.
+    @Test func aQueueKeepsNoLaneForHostsWithNothingReady() {
+        var m = Machine()
+        let q = m.addQueue(name: "q", maxConcurrent: 1)
+        // One at a time: each host's operation starts at once.
+        for i in 0..<1000 {
+            let (id, actions) = submit(&m, q, host: "h\(i):80")
+            #expect(started(actions) == [id])
+            _ = m.finished(id, .succeeded, payload: nil, now: 0)
+        }
+        #expect(m.queues[q].lanes.isEmpty)
+        #expect(m.laneCount <= 2, "\(m.laneCount) lanes after 1000 hosts")
+        // Queued behind a running one, across 200 hosts and block operations:
+        // still FIFO, and every lane goes back once its FIFOs empty.
+        let (first, _) = submit(&m, q, host: "first:80")
+        var order: [OpID] = []
+        for i in 0..<200 { order.append(submit(&m, q, host: i % 3 == 0 ? nil : "h\(i):80").0) }
+        #expect(m.queues[q].lanes.count >= 100)
+        var ran: [OpID] = []
+        var current = first
+        for _ in 0..<200 {
+            let next = started(m.finished(current, .succeeded, payload: nil, now: 0))
+            #expect(next.count == 1)
+            guard let n = next.first else { break }
+            ran.append(n)
+            current = n
+        }
+        _ = m.finished(current, .succeeded, payload: nil, now: 0)
+        #expect(ran == order)
+        #expect(m.queues[q].lanes.count <= 1)  // host 0's lane stays
+        #expect(m.laneCount <= 201)
+        // Cancelled while ready (stale entries), then dropped: lanes go back too.
+        let (blocker, _) = submit(&m, q, host: "b:80")
+        let waiting = (0..<50).map { submit(&m, q, host: "w\($0):80").0 }
+        for id in waiting { _ = try? m.cancel(id, now: 0).get() }
+        _ = m.finished(blocker, .succeeded, payload: nil, now: 0)
+        #expect(m.queues[q].lanes.count <= 1)
+        #expect(m.readyEntries == 0)
+    }
+
     /// An inbox entry booked after its queue closed (its submit had returned
     /// an id): refused here, ended cancelled by the runtime, and counted as
     /// submitted and cancelled, so that the engine's stats add up.

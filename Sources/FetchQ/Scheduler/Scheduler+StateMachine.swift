@@ -831,7 +831,9 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
             return .failure(FetchQError(.notFound, "no operation \(id)"))
         }
         var actions: [Action] = []
+        let q = slots[s].queue
         cancelOne(s, now: now, into: &actions)
+        if queues[q].readyCount == 0 { dropStaleEntries(q) }
         schedule(now: now, into: &actions)
         return .success(actions)
     }
@@ -877,6 +879,27 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
                 rings[Int(lane) * 25 + slot] = Ring()
             }
             lanes[Int(lane)].mask = 0
+        }
+        releaseEmptyLanes(of: q)
+    }
+
+    /// A network host's lane whose FIFOs are all empty leaves its queue (to
+    /// `freeLanes`, for the next lane anyone needs): a queue that sent to
+    /// many hosts kept a lane (25 FIFOs) for each for good, and looked at
+    /// every one of them at each start, so it got slower with every host.
+    /// The lane of host 0 (block and async operations) stays.
+    private mutating func releaseEmptyLanes(of q: QueueID) {
+        var i = 0
+        while i < queues[q].lanes.count {
+            let lane = Int(queues[q].lanes[i])
+            guard lanes[lane].mask == 0 && lanes[lane].host != 0 else {
+                i += 1
+                continue
+            }
+            queues[q].laneByHost[Int(lanes[lane].host)] = -1
+            freeLanes.append(Int32(lane))
+            queues[q].lanes.swapAt(i, queues[q].lanes.count - 1)
+            queues[q].lanes.removeLast()
         }
     }
 
@@ -1224,6 +1247,8 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
     /// leaves a stale entry behind): a stale winner is dropped and the
     /// choice made again.
     private mutating func bestCandidate(in q: QueueID, now: UInt64) -> Candidate? {
+        var emptied = false  // a network lane's FIFOs all went empty
+        defer { if emptied { releaseEmptyLanes(of: q) } }
         while true {
             var best: Candidate? = nil
             let laneCount = queues[q].lanes.count
@@ -1237,6 +1262,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
                     let r = lane * 25 + slot
                     guard let entry = rings[r].first else {
                         lanes[lane].mask &= ~(1 << UInt32(slot))
+                        emptied = emptied || (lanes[lane].mask == 0 && lanes[lane].host != 0)
                         continue
                     }
                     let since = entry.readySince
@@ -1254,6 +1280,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
             rings[chosen.ring].removeFirst()  // stale
             if rings[chosen.ring].isEmpty {
                 lanes[chosen.lane].mask &= ~(1 << UInt32(chosen.ring - chosen.lane * 25))
+                emptied = emptied || (lanes[chosen.lane].mask == 0 && lanes[chosen.lane].host != 0)
             }
         }
     }
@@ -1286,7 +1313,10 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
             }
             guard let chosen = best else { return }
             rings[chosen.ring].removeFirst()
-            if rings[chosen.ring].isEmpty { lanes[chosen.lane].mask &= ~(1 << UInt32(chosen.ring - chosen.lane * 25)) }
+            if rings[chosen.ring].isEmpty {
+                lanes[chosen.lane].mask &= ~(1 << UInt32(chosen.ring - chosen.lane * 25))
+                if lanes[chosen.lane].mask == 0 && lanes[chosen.lane].host != 0 { releaseEmptyLanes(of: chosen.queue) }
+            }
             let s = chosen.slot
             slots[s].state = .running
             var payloads: [Dependency] = []
