@@ -21,11 +21,12 @@ BUILD := $(CURDIR)/build
 # unsafeFlags setting in Package.swift, which would stop other packages from
 # depending on this one.
 SWIFT_RELEASE_FLAGS := -c release -Xswiftc -static-stdlib -Xswiftc -enforce-exclusivity=unchecked \
-	-Xlinker --version-script=$(CURDIR)/tools/fetchq.map -Xlinker -soname=$(SONAME)
+	-Xlinker --version-script=$(CURDIR)/tools/fetchq.map -Xlinker -soname=$(SONAME) \
+	-Xlinker -z -Xlinker nodelete
 CFLAGS_TEST := -std=c11 -O1 -g -Wall -Wextra -Werror -D_GNU_SOURCE -I$(BUILD)/include
 LDFLAGS_TEST := -L$(BUILD)/lib -lfetchq -ljansson -lpthread -Wl,-rpath,$(BUILD)/lib
 
-APT_PACKAGES := libjansson-dev libcurl4-openssl-dev libsqlite3-dev pkg-config python3-pip openssl nginx-light
+APT_PACKAGES := libjansson-dev libcurl4-openssl-dev libsqlite3-dev pkg-config python3-pip python3-pytest openssl nginx-light
 .PHONY: all deps lib test test-swift test-c test-exports test-python test-examples test-install test-docs test-cli test-stress-short stress bench test-tsan check-sanitizers fuzz test-fuzz-regressions demo install uninstall clean
 
 all: lib
@@ -99,6 +100,10 @@ test-c: $(BUILD)/tests/c_harness
 
 test-exports: lib
 	bash Tests/c/check_exports.sh $(BUILD)/lib/libfetchq.so include/fetchq.h
+	@mkdir -p $(BUILD)/tests
+	$(CC) -std=c11 -O1 -g -Wall -Wextra -Werror -D_GNU_SOURCE Tests/c/unload/unload.c -ljansson -lpthread -ldl \
+		-o $(BUILD)/tests/unload
+	$(BUILD)/tests/unload $(BUILD)/lib/libfetchq.so.0
 
 # 1 000 000 mixed operations (block, async, requests, searches; cancels,
 # groups, dependencies, suspends, failures, timeouts, retries): every op gets

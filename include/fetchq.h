@@ -40,6 +40,10 @@
  *    blocks of its size are freed there stops the process with a message;
  *    a later second free goes unnoticed. Memory checkers (ASan, valgrind) see a kept block as
  *    allocated: run them with FETCHQ_JANSSON_CACHE=0.
+ *  - dlclose() does not unload the library (it is linked -z nodelete): the
+ *    allocation functions given to jansson and the destructors of its
+ *    thread-specific data (fq_last_error's message) stay valid for threads
+ *    and values that outlive the handle. A later dlopen() gets it again.
  *  - Configuration and options are JSON objects. An unknown key, a value of
  *    the wrong type (a real where an integer is expected included) or out of
  *    its range is an error (FQ_ERR_INVALID with a message); nothing is

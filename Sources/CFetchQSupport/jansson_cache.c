@@ -111,7 +111,11 @@ static void jc_thread_exit(void *unused) {
     jc.state = 2;
 }
 
-static void jc_init(void) { pthread_key_create(&jc_exit_key, jc_thread_exit); }
+/* 0 when the process had no key left: no thread keeps blocks then (they
+ * could not be freed at its exit). */
+static int jc_key_made;
+
+static void jc_init(void) { jc_key_made = pthread_key_create(&jc_exit_key, jc_thread_exit) == 0; }
 
 /* The class that serves a request of n bytes: the least k with 16k + 8 >= n. */
 static inline size_t jc_class_for_request(size_t n) { return n <= 24 ? 1 : (n - 8 + 15) / 16; }
@@ -163,7 +167,7 @@ void fqs_jc_free(void *p) {
 void fqs_jansson_cache_thread_enable(int on) {
     pthread_once(&jc_once, jc_init);
     struct jc_thread *t = &jc;
-    if (on && t->state == 0) {
+    if (on && t->state == 0 && jc_key_made) {
         /* have the lists freed when the thread exits */
         pthread_setspecific(jc_exit_key, t);
         t->state = 1;
@@ -212,9 +216,10 @@ void fqs_jansson_cache_drain_thread(void) { jc_drain(&jc); }
 
 size_t fqs_usable_size(void *p) { return malloc_usable_size(p); }
 
-/* When the library is unloaded (dlclose), jansson must not keep pointers to
- * these functions: it gets malloc and free back. The blocks on the lists are
- * plain malloc blocks; the calling thread's are freed. */
+/* At process exit (the library is linked -z nodelete, so dlclose leaves it
+ * loaded: its thread-specific keys' destructors and jansson's allocator
+ * pointers stay valid), jansson gets malloc and free back. The blocks on the
+ * lists are plain malloc blocks; the calling thread's are freed. */
 __attribute__((destructor)) static void jc_unload(void) {
     if (fqs_jansson_cache_installed()) json_set_alloc_funcs(malloc, free);
     jc_drain(&jc);

@@ -23,10 +23,15 @@ static void free_last_error(void *p) {
     free(e);
 }
 
-static void make_key(void) { pthread_key_create(&last_error_key, free_last_error); }
+/* 0 when the process had no key left (PTHREAD_KEYS_MAX): no message is kept
+ * then, rather than writing through key 0, which is someone else's. */
+static int last_error_key_made;
+
+static void make_key(void) { last_error_key_made = pthread_key_create(&last_error_key, free_last_error) == 0; }
 
 static struct last_error *this_thread(int create) {
     pthread_once(&last_error_once, make_key);
+    if (!last_error_key_made) return NULL;
     struct last_error *e = pthread_getspecific(last_error_key);
     if (e == NULL && create) {
         e = calloc(1, sizeof *e);
