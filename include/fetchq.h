@@ -228,7 +228,7 @@ typedef void (*fq_async_fn)(fq_op *op, void *userdata);
  *   "history"       how many finished operations stay known for depends_on
  *                   (default 4096, 0..1000000)
  *   "history_values" how many of the newest finished network operations
- *                   (requests, searches) keep their whole result — value,
+ *                   (requests, searches, search-alls) keep their whole result — value,
  *                   headers, body — for an operation that depends on one
  *                   after it finished (default 32, 0..1000000); block and
  *                   async operations keep theirs for all of "history".

@@ -168,4 +168,23 @@ import Testing
             json_decref(seen.value)
         }
     }
+
+    /// A search-all's parent is a search: "history_values" bounds what the
+    /// history keeps of its merged value, as for any network result (a soak
+    /// review found each parent's value kept for all of "history": 45 KB
+    /// each, 274 MB with "history": 20000).
+    @Test func aSearchAllsMergedValueIsBoundByHistoryValues() throws {
+        let config = String(server.searchConfig.dropLast()) + #", "history_values": 0}"#
+        try withEngine(config) { engine, queue, _ in
+            let (freed, seen, read) = try run(engine, queue) { done in
+                try engine.submitSearchAll(["swift", "c"], to: queue, options: nil, completion: done)
+            }
+            #expect(freed)
+            #expect(seen.text.contains("\"items\""))
+            #expect(read.status == .ok && read.value == nil)
+            #expect(read.message?.hasSuffix("is no longer kept: at least history_values (0) network operations finished after it") == true,
+                    "\(read.message ?? "nil")")
+            json_decref(seen.value)
+        }
+    }
 }

@@ -172,6 +172,7 @@ extension Engine {
         var parentSpec = Self.spec(queue: queue.id, common: common, host: nil, owner: parent, now: now)
         parentSpec.startDeadline = nil
         parentSpec.collects = family.children
+        parentSpec.networkValue = true  // a search's value: "history_values" bounds it
         parentSpec.id = newID()
         let parentSubmit = machine.submit(parentSpec, now: now)
         guard case .success(let (parentID, more)) = parentSubmit else {

@@ -88,6 +88,9 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         /// A network operation without a host (the HTTP cache answers it:
         /// no host slot or rate token); one with a host is one anyway.
         var network = false
+        /// Its value is kept in history as a network result's is (bounded by
+        /// `historyValues`), though it runs on a worker: a search-all's parent.
+        var networkValue = false
         var dependsOn: [OpID] = []
         /// Operations whose results this one collects (must be unfinished).
         var collects: [OpID] = []
@@ -160,6 +163,8 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         var isInternal = false
         /// Run by the transport (`Action.start`'s `network`).
         var isNetwork = false
+        /// `Spec.networkValue`.
+        var hasNetworkValue = false
         /// Finished: ended by a cancel of its own (not a failed dependency).
         var cancelledByOwn = false
         /// Finished: `payload` is light (`Config.isLight`), noted while it is
@@ -563,6 +568,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
                      priority: spec.priority, qos: spec.qos, isBarrier: spec.barrier, isInternal: spec.isInternal,
                      owner: spec.owner.map { .passRetained($0) })
         slots[s].isNetwork = spec.network || spec.host != nil
+        slots[s].hasNetworkValue = spec.networkValue
         if spec.attached {
             slots[s].state = .attached
             return .success(id)
@@ -1046,7 +1052,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         }
         // A network operation's value: its own transfer (or the cache's
         // answer) or a shared one (it was attached to a carrier).
-        let networkValue = slots[s].isNetwork || slots[s].state == .attached
+        let networkValue = slots[s].isNetwork || slots[s].state == .attached || slots[s].hasNetworkValue
         slots[s].state = .finished
         slots[s].outcome = outcome
         slots[s].cancelledByOwn = byCancel
