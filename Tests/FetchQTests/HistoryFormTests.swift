@@ -187,4 +187,40 @@ import Testing
             json_decref(seen.value)
         }
     }
+
+    /// A large body's copy made for `fq_result_body` stays with the result
+    /// that made it: the history form shares the body's array, not that
+    /// copy, also for a response without a value (a soak review: a kept
+    /// 16 MB response cost 31 MB once its callback had read the body).
+    @Test(arguments: ["none", "json"])
+    func aLargeBodysCopyForTheCallbackIsNotKeptInHistory(_ parse: String) throws {
+        try withEngine(config) { engine, queue, _ in
+            final class Parts: @unchecked Sendable {
+                var sharesDetails: Bool?
+                var formBody: [UInt8]?
+                var body: [UInt8] = []
+            }
+            for (size, large) in [(200_000, true), (3_000, false)] {
+                let parts = Parts()
+                let request = json(#"{"url": "\#(server.url("/json?size=\(size)"))"}"#)
+                let options = json(#"{"parse": "\#(parse)"}"#)
+                _ = try withExtendedLifetime((request, options)) {
+                    try engine.submitRequest(request.pointer, to: queue, options: options.pointer) { result in
+                        parts.body = result.bodyBytes.map(Array.init) ?? []  // makes the copy of a large body
+                        parts.sharesDetails = result.historyForm.map { $0.http?.details === result.http?.details }
+                        parts.formBody = result.historyForm?.http?.body
+                    }
+                }
+                #expect(engine.waitIdle(timeoutMs: 20_000) == .ok)
+                #expect(parts.body.count >= size)
+                if large {
+                    #expect(parts.sharesDetails == false, "\(parse), \(size) bytes")
+                } else {
+                    // A small body is one copy, shared; without a value there is no form.
+                    #expect(parts.sharesDetails == (parse == "none" ? nil : true), "\(parse), \(size) bytes")
+                }
+                #expect(parts.formBody == nil || parts.formBody! == parts.body)
+            }
+        }
+    }
 }

@@ -15,7 +15,7 @@ public struct HTTPInfo: Sendable {
     public var status: Int = 0
     public var fromCache = false
     /// The raw parts, shared by copies of this value.
-    let details: HTTPDetails
+    var details: HTTPDetails
 
     /// Response headers as an object (lower-cased names; repeated headers
     /// joined with ", "), nil when no response arrived. Built on first read.
@@ -124,6 +124,27 @@ final class HTTPDetails: Sendable {
         self.queueWaitMs = queueWaitMs
         self.attempts = attempts
         self.fromCache = fromCache
+    }
+
+    /// What a history form keeps (`NetworkJob.result`): these parts, except
+    /// for a large body, whose copy made for `fq_result_body` (and whose
+    /// marshal data) must not stay in the history with it — a kept 16 MB
+    /// response cost 31 MB once its callback had read the body (a soak
+    /// review). The form gets parts of its own that share the body's array;
+    /// a dependent that reads the body makes its own copy.
+    func forHistory() -> HTTPDetails {
+        largeBody.isEmpty ? self : HTTPDetails(sharingLargeBodyOf: self)
+    }
+
+    private init(sharingLargeBodyOf other: HTTPDetails) {
+        headerList = other.headerList
+        storage = nil
+        largeBody = other.largeBody
+        marshal = nil  // fq_result_marshal may be NULL ("then parse the body")
+        transfer = other.transfer
+        queueWaitMs = other.queueWaitMs
+        attempts = other.attempts
+        fromCache = other.fromCache
     }
 
     deinit {
@@ -291,10 +312,15 @@ extension NetworkJob {
             // What the history keeps in this result's place for a dependent
             // submitted later (see `OperationResult.historyForm`). Not for a
             // search with "store": its value says what storing did.
+            // A large body without a value gets one too: the result itself
+            // would keep the body's copy for fq_result_body.
             var form: OperationResult? = nil
-            if makesForm, value != nil || lazyDepth != nil, search?.store == nil {
+            let parsed = value != nil || lazyDepth != nil
+            let details = info.details.forHistory()
+            if makesForm, parsed || details !== info.details, search?.store == nil {
                 var kept = info
-                kept.lazyValueDepth = maxJSONDepth
+                kept.details = details
+                kept.lazyValueDepth = parsed ? maxJSONDepth : nil
                 form = OperationResult(historyFormOf: id, http: kept, search: search)
             }
             return OperationResult(id: id, outcome: .succeeded, status: .ok, message: nil, value: value, http: info,
