@@ -3,6 +3,7 @@
 #include "fq_curl.h"
 
 #include <dlfcn.h>
+#include <errno.h>
 #include <pthread.h>
 #include <sys/socket.h>
 #include <string.h>
@@ -92,13 +93,15 @@ CURLcode fqc_easy_getinfo_pointer(CURL *easy, CURLINFO info, void **out) {
 }
 
 static curl_socket_t open_cloexec(void *clientp, curlsocktype purpose, struct curl_sockaddr *address) {
-    (void)clientp;
     (void)purpose;
-    return socket(address->family, address->socktype | SOCK_CLOEXEC, address->protocol);
+    curl_socket_t s = socket(address->family, address->socktype | SOCK_CLOEXEC, address->protocol);
+    if (s == CURL_SOCKET_BAD && clientp != NULL) *(int *)clientp = errno;
+    return s;
 }
 
-CURLcode fqc_easy_cloexec_sockets(CURL *easy) {
-    return curl_easy_setopt(easy, CURLOPT_OPENSOCKETFUNCTION, open_cloexec);
+CURLcode fqc_easy_cloexec_sockets(CURL *easy, int *socket_errno) {
+    CURLcode rc = curl_easy_setopt(easy, CURLOPT_OPENSOCKETFUNCTION, open_cloexec);
+    return rc != CURLE_OK ? rc : curl_easy_setopt(easy, CURLOPT_OPENSOCKETDATA, (void *)socket_errno);
 }
 
 CURLMcode fqc_multi_setopt_long(CURLM *multi, CURLMoption option, long value) {

@@ -51,8 +51,10 @@ CURLcode fqc_easy_getinfo_pointer(CURL *easy, CURLINFO info, void **out);
 
 /* Makes every socket the easy handle opens close-on-exec (SOCK_CLOEXEC, set
  * atomically at socket()), so that a child the application spawns does not
- * inherit the engine's connections and keep them open. */
-CURLcode fqc_easy_cloexec_sockets(CURL *easy);
+ * inherit the engine's connections and keep them open. A socket() that
+ * fails writes its errno to *socket_errno (curl keeps none of it: a process
+ * out of descriptors reads "Couldn't connect to server"). */
+CURLcode fqc_easy_cloexec_sockets(CURL *easy, int *socket_errno);
 
 /* curl_multi_setopt, by argument type. */
 CURLMcode fqc_multi_setopt_long(CURLM *multi, CURLMoption option, long value);

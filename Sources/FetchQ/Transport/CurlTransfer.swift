@@ -29,6 +29,9 @@ final class CurlTransfer: @unchecked Sendable {
     private var headerList: UnsafeMutablePointer<curl_slist>?
     private var postData: UnsafeMutableRawPointer?
     private let errorBuffer: UnsafeMutablePointer<CChar>
+    /// errno of a socket() that failed in this hop (0: none), written by the
+    /// OPENSOCKETFUNCTION.
+    private let socketErrno: UnsafeMutablePointer<Int32>
 
     // The response under construction.
     private var headers: [(name: String, value: String)] = []
@@ -76,11 +79,14 @@ final class CurlTransfer: @unchecked Sendable {
         self.rejection = rejection
         errorBuffer = .allocate(capacity: Int(CURL_ERROR_SIZE))
         errorBuffer.initialize(repeating: 0, count: Int(CURL_ERROR_SIZE))
+        socketErrno = .allocate(capacity: 1)
+        socketErrno.initialize(to: 0)
     }
 
     deinit {
         releaseCurlMemory()
         errorBuffer.deallocate()
+        socketErrno.deallocate()
     }
 
     /// Frees what curl pointed into. Only after the handle left the multi handle
@@ -168,7 +174,8 @@ final class CurlTransfer: @unchecked Sendable {
 
         // Plumbing.
         long(CURLOPT_NOSIGNAL, 1, "NOSIGNAL")
-        check(fqc_easy_cloexec_sockets(easy), "OPENSOCKETFUNCTION")
+        socketErrno.pointee = 0
+        check(fqc_easy_cloexec_sockets(easy, socketErrno), "OPENSOCKETFUNCTION")
         check(fqc_easy_setopt_pointer(easy, CURLOPT_PRIVATE, me), "PRIVATE")
         errorBuffer[0] = 0
         check(fqc_easy_setopt_pointer(easy, CURLOPT_ERRORBUFFER, errorBuffer), "ERRORBUFFER")
@@ -320,6 +327,13 @@ final class CurlTransfer: @unchecked Sendable {
         }
         if line.starts(with: "HTTP/".utf8) {
             answeredSinceRequest = true
+            if Self.isSwitchingProtocols(line) {
+                // fetchq never asks for an upgrade (RFC 9110 §15.2.2: a server
+                // sends 101 only to a request that did); curl would wait on
+                // the connection for a response that never comes.
+                framingError = "the server switched protocols (101) though no upgrade was asked for"
+                return 0
+            }
             // A new response (after a redirect, a 1xx, a proxy CONNECT): only the
             // final one's headers and body count.
             headers.removeAll(keepingCapacity: true)
@@ -440,6 +454,13 @@ final class CurlTransfer: @unchecked Sendable {
         }
     }
 
+    /// Whether a status line's code is 101.
+    private static func isSwitchingProtocols(_ line: Slice<UnsafeRawBufferPointer>) -> Bool {
+        guard let space = line.firstIndex(of: 0x20) else { return false }
+        let code = line[(space + 1)...].prefix(4)
+        return code.starts(with: "101".utf8) && (code.count == 3 || code.last == 0x20)
+    }
+
     /// A field value: surrounding whitespace trimmed, a bare CR written as
     /// a space (RFC 9110 §5.5).
     private static func fieldValue(_ bytes: Slice<UnsafeRawBufferPointer>) -> String {
@@ -513,7 +534,9 @@ final class CurlTransfer: @unchecked Sendable {
         getLong(easy, CURLINFO_REDIRECT_COUNT) { redirects += $0 }
         guard code == CURLE_OK else {
             let httpURL = Self.hasScheme(request.url, "http://") || Self.hasScheme(request.url, "https://")
-            let kind = TransportError.kind(for: code, capExceeded: capExceeded, httpURL: httpURL)
+            var kind = TransportError.kind(for: code, capExceeded: capExceeded, httpURL: httpURL)
+            var osErrno = Int(socketErrno.pointee)
+            if osErrno == 0 { getLong(easy, CURLINFO_OS_ERRNO) { osErrno = $0 } }
             var text: String
             if refusedResend && code == CURLE_ABORTED_BY_CALLBACK {
                 var error = TransportError(
@@ -534,6 +557,12 @@ final class CurlTransfer: @unchecked Sendable {
             } else {
                 text = String(cString: errorBuffer)
                 if text.isEmpty { text = TransportError.curlText(code) }
+            }
+            kind = TransportError.refinedKind(kind, code: code, text: text, osErrno: osErrno)
+            if kind == .connect && osErrno != 0, let reason = strerror(Int32(osErrno)) {
+                // curl says "Couldn't connect to server" for a refused port and
+                // for a process out of descriptors alike.
+                text += ": " + String(cString: reason)
             }
             var message = "\(text) (curl error \(code.rawValue))"
             if redirects > 0 {

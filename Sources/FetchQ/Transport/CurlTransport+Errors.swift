@@ -49,6 +49,21 @@ extension TransportError {
         }
     }
 
+    /// `kind(for:)` corrected by what curl said and the system's errno:
+    /// - a TLS handshake the peer reset or closed is a network failure (and
+    ///   retried as one), not a TLS one: nothing was wrong with the TLS;
+    /// - response headers over libcurl's 300 KiB in all are too large, not
+    ///   a network failure to retry (as a single line over 100 KiB is).
+    static func refinedKind(_ kind: Kind, code: CURLcode, text: String, osErrno: Int) -> Kind {
+        if code == CURLE_SSL_CONNECT_ERROR
+            && (osErrno != 0 || text.contains("SSL_ERROR_SYSCALL") || text.contains("unexpected eof"))
+        {
+            return .network
+        }
+        if code == CURLE_RECV_ERROR && text.hasPrefix("Too large response headers") { return .tooLarge }
+        return kind
+    }
+
     /// curl's generic text for a code.
     static func curlText(_ code: CURLcode) -> String {
         guard let text = curl_easy_strerror(code) else { return "curl error \(code.rawValue)" }

@@ -7,7 +7,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from typing import Callable, Dict, Iterator, List, Union
+from typing import Any, Callable, Dict, Iterator, List, Union
 
 import pytest
 
@@ -256,3 +256,115 @@ def test_a_request_curl_would_send_again_is_sent_again_only_if_idempotent(engine
         r = q.get(s.url("/item")).result(timeout=TIMEOUT)
         assert r.status == 200 and r.metrics["attempts"] == 1
         assert s.count("/item") == 3
+
+
+def test_an_unsolicited_101_fails_at_once(engine: fetchq.Engine) -> None:
+    """fetchq never asks for an upgrade: a 101 to a plain GET waited on the
+    connection until timeout_ms (for ever without one) and ended as a timeout."""
+    def switch(conn: socket.socket, head: str) -> bool:
+        conn.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+        time.sleep(3)                                 # keeps the connection open
+        return False
+
+    for s in serve({"/ws": switch}):
+        started = time.monotonic()
+        with pytest.raises(fetchq.NetworkError, match="switched protocols"):
+            engine.queue("101").get(s.url("/ws"), timeout_ms=20_000).result(timeout=TIMEOUT)
+        assert time.monotonic() - started < 2.5
+
+
+def test_response_headers_over_libcurls_total_are_too_large_and_not_retried(engine: fetchq.Engine) -> None:
+    """300 header lines of 1 KB pass libcurl's 100 KiB per line but not its
+    300 KiB in all: FQ_ERR_TOO_LARGE, as for one long line, not a network
+    error retried."""
+    lines = b"".join(b"X-Pad-%d: %s\r\n" % (i, b"p" * 1024) for i in range(300))
+    answer = b"HTTP/1.1 200 OK\r\n" + lines + b"Content-Length: 2\r\n\r\n{}"
+    for s in serve({"/many": answer}):
+        with pytest.raises(fetchq.TooLarge, match="Too large response headers"):
+            engine.queue("hdr").get(s.url("/many"), retry={"max": 2, "base": 0.01}).result(timeout=TIMEOUT)
+        assert s.count("/many") == 1
+
+
+def test_a_tls_handshake_reset_by_the_server_is_a_network_error_and_retried(engine: fetchq.Engine) -> None:
+    """A server (a load balancer under load) that resets or closes the
+    connection during the TLS handshake: FQ_ERR_TLS, never retried, where
+    the same over http is FQ_ERR_NETWORK and retried."""
+    accepted: List[int] = []
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    listener.settimeout(0.2)
+    port = listener.getsockname()[1]
+    stop = threading.Event()
+
+    def reset_each() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                continue
+            accepted.append(1)
+            conn.settimeout(2)
+            try:
+                conn.recv(4096)                       # the ClientHello
+            except OSError:
+                pass
+            if len(accepted) % 2:                     # a reset, then a plain close
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            conn.close()
+
+    thread = threading.Thread(target=reset_each, daemon=True)
+    thread.start()
+    try:
+        for _ in range(2):
+            before = len(accepted)
+            with pytest.raises(fetchq.NetworkError):
+                engine.queue("tls").get("https://127.0.0.1:%d/" % port,
+                                        retry={"max": 2, "base": 0.01}).result(timeout=TIMEOUT)
+            assert len(accepted) - before == 3        # retried twice
+    finally:
+        stop.set()
+        thread.join(5)
+        listener.close()
+
+
+def test_running_out_of_descriptors_is_said_in_the_message(tmp_path: Any) -> None:
+    """curl says "Couldn't connect to server" for a refused port and for a
+    process out of file descriptors alike; the message now names the
+    system's reason."""
+    script = tmp_path / "emfile.py"
+    script.write_text(
+        "import os, socket, sys\n"
+        "import fetchq\n"
+        "listener = socket.socket(); listener.bind(('127.0.0.1', 0)); listener.listen(4)\n"
+        "url = 'http://127.0.0.1:%d/' % listener.getsockname()[1]\n"
+        "engine = fetchq.Engine(timeout_ms=5000)\n"
+        "q = engine.queue('q')\n"
+        "held = []\n"
+        "try:\n"
+        "    while len(held) < 100000:\n"
+        "        held.append(os.open(os.devnull, os.O_RDONLY))\n"
+        "except OSError:\n"
+        "    pass\n"
+        "try:\n"
+        "    q.get(url).result(timeout=20)\n"
+        "    print('no error')\n"
+        "except fetchq.NetworkError as e:\n"
+        "    print(e)\n"
+        "for fd in held:\n"
+        "    os.close(fd)\n"
+        "engine.close()\n")
+    import resource
+    import subprocess
+    import sys
+
+    def low_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+
+    import os
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(fetchq.__file__)),
+               FETCHQ_LIBRARY=fetchq.library_path())      # this binding and library, not an installed one
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                         preexec_fn=low_limit, env=env)
+    assert out.returncode == 0, out.stderr
+    assert "Too many open files" in out.stdout, out.stdout
