@@ -177,4 +177,21 @@ import Testing
         }
         #expect(value.dumps() == "[1]")
     }
+
+    /// jansson reports some failed allocations as syntax errors ("string or
+    /// '}' expected"): a text the allocation-free check finds valid failed
+    /// for want of memory (a review saw valid bodies reported "not valid
+    /// JSON" under `ulimit -v`).
+    @Test func aValidTextThatJanssonFailedOnIsOutOfMemory() {
+        let valid = Array(#"{"id": [1, 2, {"a": "b"}]}"#.utf8)
+        let invalid = Array(#"{"id": [1, 2,}"#.utf8)
+        valid.withUnsafeBytes { raw in
+            #expect(JSONParser.failureKind(json_error_invalid_syntax, raw, maxDepth: 64) == .outOfMemory)
+            #expect(JSONParser.failureKind(json_error_out_of_memory, raw, maxDepth: 64) == .outOfMemory)
+            #expect(JSONParser.failureKind(json_error_stack_overflow, raw, maxDepth: 64) == .depth)
+        }
+        invalid.withUnsafeBytes { raw in
+            #expect(JSONParser.failureKind(json_error_invalid_syntax, raw, maxDepth: 64) == .syntax)
+        }
+    }
 }

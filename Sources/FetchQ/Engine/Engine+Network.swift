@@ -137,7 +137,9 @@ extension Engine {
                     transports = []
                     lock.unlock()
                     for t in made { t.shutdown() }
-                    finishRunning(op, OperationResult(id: op.id, outcome: .failed, status: .network,
+                    // Out of threads, memory or descriptors (pthread_create,
+                    // curl_multi_init): the same status fq_engine_new gives.
+                    finishRunning(op, OperationResult(id: op.id, outcome: .failed, status: .noMemory,
                                                       message: "cannot start the transport: \(error.message)", value: nil))
                     return
                 }

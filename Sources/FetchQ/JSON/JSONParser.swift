@@ -103,10 +103,24 @@ public enum JSONParser {
         if let value = JSONRef(owned: json_loadb(chars, bytes.count, flags, &error)) {
             return value
         }
+        let kind = failureKind(json_error_code(&error), bytes, maxDepth: maxDepth)
+        let said = text(of: error)
         throw JSONParseError(
-            kind: kind(of: json_error_code(&error)),
-            message: text(of: error),
+            kind: kind,
+            message: kind != .outOfMemory || json_error_code(&error) == json_error_out_of_memory ? said
+                : said.isEmpty ? "out of memory" : "out of memory (jansson: \(said))",
             line: Int(error.line), column: Int(error.column), position: Int(error.position))
+    }
+
+    /// What a failed `json_loadb` means. jansson reports some allocations
+    /// that failed as syntax errors ("string or '}' expected"): a text the
+    /// allocation-free check finds valid failed for want of memory.
+    static func failureKind(_ code: json_error_code, _ bytes: UnsafeRawBufferPointer, maxDepth: Int)
+        -> JSONParseError.Kind
+    {
+        let kind = kind(of: code)
+        guard kind == .syntax else { return kind }
+        return isValid(bytes, maxDepth: maxDepth) ? .outOfMemory : .syntax
     }
 
     /// Parses the UTF-8 bytes of `text` (see the `UnsafeRawBufferPointer` overload).

@@ -249,6 +249,7 @@ extension NetworkJob {
             var parseError: String? = nil
             var lazyDepth: Int? = nil
             var marshalled: UnsafeMutableBufferPointer<UInt8>? = nil
+            var parseStatus = FQStatus.parse
             if shouldParse(response) {
                 // "lazy_parse" and "marshal" apply to requests only. With
                 // "marshal", the one walk that checks the body also writes
@@ -270,6 +271,9 @@ extension NetworkJob {
                         case .depth: what = "the response is nested too deeply"
                         // Valid JSON (RFC 8259 has no number limits), not jansson's.
                         case .unsupported: what = "the response is JSON that jansson cannot hold"
+                        case .outOfMemory:
+                            what = "out of memory parsing the response (\(response.body.count) bytes)"
+                            parseStatus = .noMemory
                         default: what = "the response is not valid JSON"
                         }
                         parseError = "\(request.method) \(URLUtilities.redactingPassword(request.url)): \(what): \(error)"
@@ -286,7 +290,8 @@ extension NetworkJob {
                                        value: value, http: info)
             }
             if let parseError {
-                return OperationResult(id: id, outcome: .failed, status: .parse, message: parseError, value: nil, http: info)
+                return OperationResult(id: id, outcome: .failed, status: parseStatus, message: parseError, value: nil,
+                                       http: info)
             }
             if let search, let document = value {
                 do {
