@@ -60,7 +60,10 @@
  *  - Threading: every function may be called from any thread unless its
  *    comment says otherwise. Callbacks are never called while the library
  *    holds a lock, so a callback may call back into the library (submit,
- *    cancel, set_priority, ...) without deadlock.
+ *    cancel, set_priority, ...) without deadlock. The engine's own threads
+ *    (where bodies and callbacks run) have stacks of 8 MiB, or the
+ *    process's default thread stack size when that is larger (ulimit -s,
+ *    pthread_setattr_default_np).
  *
  * THE COMPLETION CONTRACT. A submit function returns an operation id > 0, or
  * a negative fq_status — and then the completion callback is never called.

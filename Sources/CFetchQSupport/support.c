@@ -76,6 +76,18 @@ void *fqs_current_release_list(void) { return current_release_list; }
 
 int fqs_eventfd(void) { return eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC); }
 
+int fqs_start_thread(void *thread, void *(*start)(void *), void *arg) {
+    pthread_attr_t attr;
+    size_t size = 0;
+    if (pthread_getattr_default_np(&attr) != 0 && pthread_attr_init(&attr) != 0)
+        return pthread_create((pthread_t *)thread, NULL, start, arg);
+    if (pthread_attr_getstacksize(&attr, &size) != 0 || size < FQS_THREAD_STACK)
+        pthread_attr_setstacksize(&attr, FQS_THREAD_STACK);
+    int rc = pthread_create((pthread_t *)thread, &attr, start, arg);
+    pthread_attr_destroy(&attr);
+    return rc;
+}
+
 void fqs_set_thread_name(const char *name) {
     char shortened[16];
     strncpy(shortened, name, sizeof shortened - 1);

@@ -428,3 +428,36 @@ TEST_T(faults_matrix_concurrent, 180) {
     check_no_connections(&s, "all", "all", "after fq_engine_free");
     fqt_server_stop(&s);
 }
+
+/* Engine threads take a stack of their own size, whatever default the host
+ * set (found by the fourth review: with pthread_setattr_default_np at 64 KiB,
+ * or ulimit -s 64, jansson's recursive json_delete of a 2047-deep value
+ * overflowed a transfer thread's stack). The harness runs each test in a
+ * child process, so the default set here goes no further. */
+TEST(faults_engine_threads_ignore_a_small_default_stack) {
+    pthread_attr_t small;
+    REQUIRE(pthread_attr_init(&small) == 0);
+    REQUIRE(pthread_attr_setstacksize(&small, 64 * 1024) == 0);
+    REQUIRE(pthread_setattr_default_np(&small) == 0);
+    pthread_attr_destroy(&small);
+    fqt_server s;
+    fqt_server_start(&s, NULL);
+    fq_engine *e = fqt_engine("{\"max_json_depth\": 2048}");
+    fq_queue *q = fqt_queue(e, "deep", 2);
+    char url[160], request[256];
+    netrec n[2];
+    memset(n, 0, sizeof n);
+    for (int i = 0; i < 2; i++) {
+        snprintf(request, sizeof request, "{\"url\": \"%s\"}", fqt_url(&s, i ? "/deep?n=1500" : "/deep?n=2047", url, sizeof url));
+        REQUIRE(fqt_request(q, request, "{\"retry\": {\"max\": 0}}", net_done, &n[i]) > 0);
+    }
+    CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));
+    for (int i = 0; i < 2; i++) {
+        CHECK_EQ_INT(atomic_load(&n[i].r.calls), 1);
+        CHECK_EQ_INT(n[i].r.outcome, FQ_SUCCEEDED);
+        CHECK(json_is_array(n[i].r.value));
+        netrec_clear(&n[i]);
+    }
+    fqt_engine_free(e);  /* the values are freed on the engine's threads */
+    fqt_server_stop(&s);
+}

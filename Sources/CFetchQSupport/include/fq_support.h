@@ -26,6 +26,14 @@ int fqs_eventfd(void);
 /* Names the calling thread (at most 15 bytes are kept, as Linux allows). */
 void fqs_set_thread_name(const char *name);
 
+/* Starts an engine thread (pthread_create) with a stack of at least
+ * FQS_THREAD_STACK bytes, whatever default stack size the host process set
+ * (ulimit -s, pthread_setattr_default_np): bodies, callbacks and jansson's
+ * recursive json_delete of a 2048-deep value run there. A larger default is
+ * kept. Returns pthread_create's result. */
+#define FQS_THREAD_STACK (8u << 20)
+int fqs_start_thread(void *thread, void *(*start)(void *), void *arg);
+
 /* jansson's allocation functions with a per-thread cache of small freed
  * blocks (jansson_cache.c). They hand out and take back plain malloc blocks,
  * so they mix with malloc/free either way. Only threads that turned it on

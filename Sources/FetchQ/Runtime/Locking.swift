@@ -80,7 +80,7 @@ func startThread(name: String, _ body: @escaping @Sendable () -> Void) throws(Fe
     }
     let box = Unmanaged.passRetained(Box(body, name)).toOpaque()
     var tid = pthread_t()
-    let rc = pthread_create(&tid, nil, { raw in
+    let rc = fqs_start_thread(&tid, { raw in
         let box = Unmanaged<AnyObject>.fromOpaque(raw!).takeRetainedValue() as! Box
         fqs_set_thread_name(box.name)
         fqs_jansson_cache_thread_enable(1)  // an engine thread keeps freed jansson blocks

@@ -54,7 +54,7 @@ package final class CurlTransport: HTTPTransport, @unchecked Sendable {
         pthread_sigmask(SIG_SETMASK, &all, &previous)
         var thread = pthread_t()
         let context = Unmanaged.passRetained(core).toOpaque()
-        let rc = pthread_create(&thread, nil, { context in
+        let rc = fqs_start_thread(&thread, { context in
             let core = Unmanaged<CurlLoop>.fromOpaque(context!).takeRetainedValue()
             fqs_jansson_cache_thread_enable(1)  // parses responses and frees their values
             core.run()
