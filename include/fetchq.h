@@ -617,7 +617,9 @@ int64_t fq_submit_requests(fq_queue *queue, const json_t *request, const char *c
  * (see fq_store_open), in one transaction per response, after parsing; the
  * value then also has "store": {"inserted", "updated", "unchanged",
  * "skipped" (items without an id, or with a null one)}. A store failure,
- * results that are not objects included, is FQ_ERR_STORE. */
+ * results that are not objects included, is FQ_ERR_STORE. The engine keeps
+ * the 8 store files its searches used last open between searches; an older
+ * one is closed once no search uses it (and opened again when one does). */
 fq_op_id fq_submit_search(fq_queue *queue, const char *query, const json_t *options,
                           fq_completion_fn done, void *userdata);
 

@@ -106,6 +106,50 @@ import Testing
         }
     }
 
+    /// Descriptors open on files in the test's directory.
+    func openFilesInDirectory() -> Int {
+        guard let fds = opendir("/proc/self/fd") else { return -1 }
+        defer { closedir(fds) }
+        var count = 0
+        var target = [CChar](repeating: 0, count: 4096)
+        while let entry = readdir(fds) {
+            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(cString: $0.bindMemory(to: CChar.self).baseAddress!) }
+            let n = readlink("/proc/self/fd/" + name, &target, target.count - 1)
+            guard n > 0 else { continue }
+            target[n] = 0
+            if String(cString: target).hasPrefix(directory + "/") { count += 1 }
+        }
+        return count
+    }
+
+    /// A service writing a file a day kept every file a search had used open
+    /// until fq_engine_free (a soak review: 3 descriptors and about 125 KB
+    /// per path, after the files were deleted too). The engine keeps the
+    /// last `keptStores` open; older ones close when no search holds them.
+    @Test func onlyTheStoresUsedLastStayOpen() throws {
+        defer {
+            for day in 0..<20 {
+                for suffix in ["", "-wal", "-shm"] { unlink(directory + "/day-\(day).db" + suffix) }
+            }
+            cleanUp()
+        }
+        try withEngine(config) { engine, queue, c in
+            for day in 0..<20 {
+                let options = #"{"store": {"path": "\#(directory)/day-\#(day).db", "collection": "posts"}}"#
+                let r = try #require(c.wait(try engine.search("rust", options: options, on: queue, c)))
+                #expect(r.outcome == .succeeded)
+            }
+            #expect(engine.waitIdle(timeoutMs: 10_000) == .ok)
+            #expect(engine.lock.withLock { engine.stores.count } == Engine.keptStores)
+            let open = openFilesInDirectory()
+            #expect(open > 0 && open <= Engine.keptStores * 3, "\(open) descriptors on store files")
+            // The newest is still the one a search gets (kept, not reopened).
+            let newest = try engine.store(path: directory + "/day-19.db")
+            #expect(engine.lock.withLock { engine.stores.last === newest })
+        }
+        #expect(openFilesInDirectory() == 0)
+    }
+
     /// Results the store cannot take (not objects) are the store's failure,
     /// FQ_ERR_STORE, not FQ_ERR_INVALID (which says the caller erred).
     @Test func resultsThatAreNotObjectsAreAStoreFailure() throws {

@@ -202,10 +202,19 @@ extension Engine {
         return parentID
     }
 
-    /// The item store at `path`, opened once and kept for the engine's life.
+    /// The item store at `path`, kept open while it is among the engine's
+    /// `keptStores` most recently used (see `stores`).
     func store(path: String) throws(FetchQError) -> ItemStore {
         let store = try ItemStore.shared(path: path)
-        lock.withLock { stores[store.path] = store }
+        let dropped: [ItemStore] = lock.withLock {
+            stores.removeAll { $0 === store }
+            stores.append(store)
+            guard stores.count > Self.keptStores else { return [] }
+            let old = Array(stores.prefix(stores.count - Self.keptStores))
+            stores.removeFirst(old.count)
+            return old
+        }
+        withExtendedLifetime(dropped) {}  // closed here if nobody else holds them, not under the lock
         return store
     }
 

@@ -50,8 +50,12 @@ public final class Engine: @unchecked Sendable {
     /// `shuttingDown`, readable without the lock (submits check it first).
     let shutdownStarted = Atomic<Bool>(false)
     var eventHandler: EventHandler?
-    /// Item stores used by searches, kept open (ItemStore.shared holds them weakly).
-    var stores: [String: ItemStore] = [:]
+    /// The item stores searches used last, kept open between searches
+    /// (ItemStore.shared holds them weakly), most recent last: at most
+    /// `keptStores`. An older one closes once no search holds it (a service
+    /// writing a file a day kept every day's file open, 3 descriptors each).
+    var stores: [ItemStore] = []
+    static let keptStores = 8
     /// Completions and events decided under the lock, handed to the delivery
     /// queue in one batch at the end of `resolve` (still under the lock, so
     /// in the order they were decided).
