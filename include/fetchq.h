@@ -250,8 +250,9 @@ typedef void (*fq_async_fn)(fq_op *op, void *userdata);
  *                   storing did). Each kept response costs memory
  *   "max_per_host"  network operations running at once per host:port across
  *                   all queues (default 6, 1..1024)
- *   "connect_timeout_ms" (default 10000), "timeout_ms" total per request
- *                   (default 60000; 0 = none), "max_wait_ms" time allowed in
+ *   "connect_timeout_ms" (default 10000; 0 = libcurl's own 300 s),
+ *                   "timeout_ms" total per attempt, redirects included (each
+ *                   retry has its own; default 60000; 0 = none), "max_wait_ms" time allowed in
  *                   a queue before FAILED with FQ_ERR_QUEUE_TIMEOUT (default 0
  *                   = none), "max_redirects" (default 5; 0 = do not follow),
  *                   "max_response_bytes" (default 16777216), "max_json_depth"
@@ -533,7 +534,9 @@ fq_op_id fq_submit_async(fq_queue *queue, fq_async_fn fn, const json_t *options,
  * 302; a 303 makes any method but HEAD a GET without its body (RFC 9110
  * §15.4). Authorization and Cookie headers are not sent to another scheme,
  * host or port; a redirect to a URL that is not http or https fails with
- * FQ_ERR_NETWORK.
+ * FQ_ERR_NETWORK. A redirect from https to http is followed, as browsers
+ * and curl do: the other headers and a kept body then travel unencrypted
+ * ("max_redirects": 0 stops at the first redirect).
  * They run at most config "max_per_host" at once per host:port (across
  * queues; operations for a busy host never hold back other hosts). The host
  * is that of the request's URL: the host a redirect leads to is reached
@@ -874,7 +877,10 @@ const unsigned char *fq_result_marshal(const fq_result *result, size_t *len);
  * "http_version" (string), "reused_connection", "from_cache" (booleans)}.
  * For a transfer that failed, what was measured before it failed (a timeout's
  * "total_ms", the "redirects" followed; "http_version" "" when no response
- * arrived); zeros for what never started. */
+ * arrived); zeros for what never started. With retries, the times and sizes
+ * are the last attempt's and "attempts" counts them all. NULL for a network
+ * operation that ended before a transfer's result (cancelled in its queue or
+ * while it waited for a retry, or failed at start). */
 json_t *fq_result_metrics(const fq_result *result);
 /* true when the response came from the HTTP cache (fresh, or revalidated
  * by a 304): then the body and value are the cached ones. */

@@ -62,6 +62,8 @@ final class CurlTransfer: @unchecked Sendable {
 
     // Redirects this transfer follows itself (`followsItself`).
     private var hops = 0
+    /// Sent again on a new connection after a 408 on a reused one (`nextHop`).
+    private var resentAfter408 = false
     /// The milliseconds the hops before the current one took.
     private var earlierHopsMs: Double = 0
     /// When the first hop was configured (CLOCK_MONOTONIC), for `timeoutMs`
@@ -211,6 +213,7 @@ final class CurlTransfer: @unchecked Sendable {
         // stalled first request would hold back every other one to that host.
         if Self.hasScheme(r.url, "https://") { long(CURLOPT_PIPEWAIT, 1, "PIPEWAIT") }
         long(CURLOPT_TCP_KEEPALIVE, 1, "TCP_KEEPALIVE")
+        if resentAfter408 { long(CURLOPT_FRESH_CONNECT, 1, "FRESH_CONNECT") }
         if r.connectTimeoutMs > 0 { long(CURLOPT_CONNECTTIMEOUT_MS, r.connectTimeoutMs, "CONNECTTIMEOUT_MS") }
         if hops == 0 { firstHopNs = Self.monotonicNs() }
         if r.timeoutMs > 0 {
@@ -573,6 +576,10 @@ final class CurlTransfer: @unchecked Sendable {
             }
             var error = TransportError(kind: kind, message: message, curlCode: Int(code.rawValue))
             error.metrics = metrics(easy, redirects: redirects)
+            if kind == .timeout && redirects > 0, let total = error.metrics?.totalMs {
+                // curl's "timed out after N milliseconds" counts from the last hop.
+                error.message += " (\(Int(total.rounded())) ms in all, timeout_ms \(request.timeoutMs))"
+            }
             return .failure(error)
         }
         var status = 0
@@ -651,9 +658,20 @@ final class CurlTransfer: @unchecked Sendable {
     /// not sent to another scheme, host or port; `maxRedirects`, `timeoutMs`
     /// and the http/https restriction count across all hops.
     func nextHop() -> Hop? {
-        guard followsItself, let easy else { return nil }
+        guard let easy else { return nil }
         var status = 0
         getLong(easy, CURLINFO_RESPONSE_CODE) { status = $0 }
+        if status == 408 && !resentAfter408 && Self.answeredOnAReusedConnection(easy) {
+            // A server that closes idle connections may answer a request
+            // that arrives as it does with 408 (RFC 9110 §15.5.9): the
+            // request was not read, so it goes again, once, on a new
+            // connection, whatever its method (as browsers do).
+            resentAfter408 = true
+            earlierHopsMs += microseconds(easy, CURLINFO_TOTAL_TIME_T) / 1000
+            resetResponse()
+            return .follow
+        }
+        guard followsItself else { return nil }
         guard status == 301 || status == 302 || status == 303 || status == 307 || status == 308 else { return nil }
         var at: UnsafePointer<CChar>?
         guard fqc_easy_getinfo_string(easy, CURLINFO_REDIRECT_URL, &at) == CURLE_OK, let at else { return nil }
@@ -693,6 +711,12 @@ final class CurlTransfer: @unchecked Sendable {
         earlierHopsMs += microseconds(easy, CURLINFO_TOTAL_TIME_T) / 1000
         hops += 1
         request = next
+        resetResponse()
+        return .follow
+    }
+
+    /// Before the next hop: nothing of this response stays.
+    private func resetResponse() {
         headers = []
         body = []
         reserved = false
@@ -700,7 +724,15 @@ final class CurlTransfer: @unchecked Sendable {
         headerSectionEnded = false
         declaredLength = -1
         errorBuffer[0] = 0
-        return .follow
+    }
+
+    /// The response came on a connection made for an earlier request, with no
+    /// redirect followed by curl.
+    private static func answeredOnAReusedConnection(_ easy: UnsafeMutableRawPointer) -> Bool {
+        var connects = -1, redirects = -1
+        guard fqc_easy_getinfo_long(easy, CURLINFO_NUM_CONNECTS, &connects) == CURLE_OK,
+              fqc_easy_getinfo_long(easy, CURLINFO_REDIRECT_COUNT, &redirects) == CURLE_OK else { return false }
+        return connects == 0 && redirects == 0
     }
 
     /// Scheme, host and port, for telling whether a redirect leaves the origin.

@@ -368,3 +368,52 @@ def test_running_out_of_descriptors_is_said_in_the_message(tmp_path: Any) -> Non
                          preexec_fn=low_limit, env=env)
     assert out.returncode == 0, out.stderr
     assert "Too many open files" in out.stdout, out.stdout
+
+
+@pytest.mark.parametrize("method", ["GET", "POST"])
+def test_a_408_on_a_reused_idle_connection_sends_the_request_again(engine: fetchq.Engine, method: str) -> None:
+    """A server that times an idle keep-alive connection out sends 408 and
+    closes it (RFC 9110 §15.5.9); a request put on that connection read the
+    408 as its answer though the server never received it. It is sent again,
+    once, on a new connection, whatever its method."""
+    ok = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
+
+    def answer_then_time_out(conn: socket.socket, head: str) -> bool:
+        conn.sendall(ok)
+        time.sleep(0.2)
+        conn.sendall(b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+        return False
+
+    for s in serve({"/a": answer_then_time_out}):
+        q = engine.queue("408")
+        assert q.request(method, s.url("/a"), data=b"x" if method == "POST" else None).result(timeout=TIMEOUT).status == 200
+        time.sleep(1.2)
+        r = q.request(method, s.url("/a"), data=b"x" if method == "POST" else None).result(timeout=TIMEOUT)
+        assert r.status == 200 and r.metrics["reused_connection"] is False
+        assert s.count("/a") == 2
+
+
+def test_a_408_on_a_new_connection_is_the_answer(engine: fetchq.Engine) -> None:
+    """Sent again once only: a 408 on the new connection is the result."""
+    answer = b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    for s in serve({"/t": answer}):
+        with pytest.raises(fetchq.HTTPError) as caught:
+            engine.queue("408b").get(s.url("/t")).result(timeout=TIMEOUT)
+        assert caught.value.status == 408
+        assert s.count("/t") == 1
+
+
+def test_a_timeout_after_a_redirect_says_the_whole_time(engine: fetchq.Engine) -> None:
+    """curl's "timed out after N milliseconds" counts from the last hop."""
+    def slow_redirect(conn: socket.socket, head: str) -> bool:
+        time.sleep(0.5)
+        conn.sendall(b"HTTP/1.1 302 Found\r\nLocation: /slow\r\nContent-Length: 0\r\n\r\n")
+        return True
+
+    def stall(conn: socket.socket, head: str) -> bool:
+        time.sleep(3)
+        return False
+
+    for s in serve({"/r": slow_redirect, "/slow": stall}):
+        with pytest.raises(fetchq.Timeout, match=r"ms in all, timeout_ms 1000\)"):
+            engine.queue("tr").get(s.url("/r"), timeout_ms=1000).result(timeout=TIMEOUT)
