@@ -148,7 +148,12 @@ test-docs: lib
 # Installs the versioned library (soname libfetchq.so.MAJOR and the usual
 # links), the header, fetchq.pc and, when built, the CLI.
 LIBDIR := $(DESTDIR)$(PREFIX)/lib
-install: lib
+# Installs what `make` built (it builds nothing, and installs no packages:
+# `make` as yourself, then `sudo make install`); refreshes the loader's
+# cache when installing as root into the real tree.
+install:
+	@test -f $(BUILD)/lib/libfetchq.so.$(VERSION) || \
+		{ echo "make install: nothing built yet: run 'make' first (as yourself), then 'make install'" >&2; exit 1; }
 	install -d $(LIBDIR)/pkgconfig $(DESTDIR)$(PREFIX)/include
 	install -m 0755 $(BUILD)/lib/libfetchq.so.$(VERSION) $(LIBDIR)/
 	ln -sf libfetchq.so.$(VERSION) $(LIBDIR)/$(SONAME)
@@ -156,6 +161,7 @@ install: lib
 	install -m 0644 include/fetchq.h $(DESTDIR)$(PREFIX)/include/fetchq.h
 	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' tools/fetchq.pc.in > $(LIBDIR)/pkgconfig/fetchq.pc
 	@if [ -x $(BUILD)/bin/fetchq ]; then install -d $(DESTDIR)$(PREFIX)/bin && install -m 0755 $(BUILD)/bin/fetchq $(DESTDIR)$(PREFIX)/bin/fetchq; fi
+	@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" = 0 ] && command -v ldconfig >/dev/null; then ldconfig; fi
 
 uninstall:
 	rm -f $(LIBDIR)/libfetchq.so.$(VERSION) $(LIBDIR)/$(SONAME) $(LIBDIR)/libfetchq.so \
