@@ -150,6 +150,31 @@ import Testing
         #expect(openFilesInDirectory() == 0)
     }
 
+    /// Identical searches share one transfer (coalescing), but each writes
+    /// its own store: with different paths every file gets the items.
+    @Test func coalescedSearchesEachWriteTheirOwnStore() throws {
+        defer { cleanUp() }
+        let expected = try corpusIDs(tag: "swift")
+        try withEngine(config) { engine, queue, c in
+            try server.resetStats()
+            queue.setSuspended(true)
+            let ids = try ["a.db", "b.db", "c.db"].map { name in
+                try engine.search("swift", options: #"{"store": {"path": "\#(directory)/\#(name)", "collection": "posts"}}"#,
+                                  on: queue, c)
+            }
+            queue.setSuspended(false)
+            for id in ids {
+                let r = try #require(c.wait(id))
+                #expect(r.outcome == .succeeded)
+                #expect(r.value?.at("/store/inserted")?.integerValue == Int64(expected.count))
+            }
+            for name in ["a.db", "b.db", "c.db"] {
+                #expect(try ItemStore(path: directory + "/" + name).count(collection: "posts") == expected.count, "\(name)")
+            }
+            #expect(try server.stats()["requests"] == 1)  // one shared transfer
+        }
+    }
+
     /// Results the store cannot take (not objects) are the store's failure,
     /// FQ_ERR_STORE, not FQ_ERR_INVALID (which says the caller erred).
     @Test func resultsThatAreNotObjectsAreAStoreFailure() throws {
