@@ -341,6 +341,30 @@ import Testing
         #expect(try arrivals() == ["/echo?n=2", "/echo?n=1"])
     }
 
+    /// A leader cancelled while its transfer runs for others hands it to an
+    /// internal carrier, which holds the slot ("running" counts it) but has
+    /// no callback: "undelivered" went to -1 for each such carrier (a poll
+    /// mode soak review saw -1 to -6).
+    @Test func aRunningCarrierIsNotCountedAgainstUndelivered() throws {
+        try withEngine(queue: 1) { engine, queue, c in
+            let url = #"{"url": "\#(server.url("/delay?ms=800"))"}"#
+            let leader = try engine.request(url, on: queue, c)
+            let callers = try (0..<2).map { _ in try engine.request(url, on: queue, c) }
+            usleep(100_000)  // the leader's transfer runs
+            try engine.cancel(leader)
+            #expect(c.wait(leader)?.outcome == .cancelled)
+            let stats = engine.stats()
+            #expect(stats.at("/running")?.integerValue == 1)  // the carrier's slot
+            #expect(stats.at("/queued")?.integerValue == 2)   // the callers, attached
+            #expect(stats.at("/undelivered")?.integerValue == 0)
+            let results = try #require(c.waitAll(callers))
+            #expect(results.allSatisfy { $0.outcome == .succeeded })
+            #expect(engine.waitIdle(timeoutMs: 5000) == .ok)
+            let idle = engine.stats()
+            #expect(idle.at("/undelivered")?.integerValue == 0 && idle.at("/running")?.integerValue == 0)
+        }
+    }
+
     @Test func aCarrierQueuedForTheCallersRunsAtTheirPriorityNotTheLeaders() throws {
         try resetStats()
         try withEngine(queue: 1) { engine, queue, c in

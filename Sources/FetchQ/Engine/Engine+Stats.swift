@@ -23,7 +23,10 @@ extension Engine {
             put(object, "running", c.running)
         }
         counters(root, machine.counters)
-        put(root, "undelivered", outstanding.count(nil) - machine.counters.queued - machine.counters.running)
+        // A carrier (internal) holds a slot, so "running" counts it, but no
+        // callback of its is outstanding.
+        put(root, "undelivered", outstanding.count(nil) - machine.counters.queued
+                - (machine.counters.running - machine.internalRunning))
         let perQueue = json_object()!
         for queue in machine.queues where !queue.closed && !queue.removed {
             let q = json_object()!

@@ -284,6 +284,10 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
     /// optional element copied the whole `Queue` value.
     private(set) var queues: [Queue] = [Queue(name: "", maxConcurrent: 0, removed: true)]
     private(set) var counters = Counters()
+    /// Internal operations (carriers of a shared transfer) now running:
+    /// `counters.running` counts them (they hold a slot), but no caller
+    /// waits for their callback (`Engine.stats`'s "undelivered").
+    private(set) var internalRunning = 0
     private var lanes: [Lane] = []
     private var rings: [Ring<ReadyEntry>] = []
     /// Lanes of forgotten queues, for new lanes to take (their rings emptied).
@@ -959,6 +963,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
             queues[q].counters.running -= 1
             counters.running -= 1
             hosts[Int(slots[s].host)].running -= 1
+            if slots[s].isInternal { internalRunning -= 1 }
         }
         retire(s, outcome, payload, byCancel: outcome == .cancelled && slots[s].cancelRequested, now: now, into: &actions)
         schedule(now: now, into: &actions)
@@ -1332,6 +1337,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
             countQueued(q, -1, isInternal: slots[s].isInternal)
             queues[q].counters.running += 1
             counters.running += 1
+            if slots[s].isInternal { internalRunning += 1 }
             let host = Int(slots[s].host)
             if host != 0 {
                 hosts[host].running += 1
@@ -1375,6 +1381,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         let q = slots[s].queue
         queues[q].counters.running -= 1
         counters.running -= 1
+        if slots[s].isInternal { internalRunning -= 1 }
         countQueued(q, 1, isInternal: slots[s].isInternal)
         hosts[Int(slots[s].host)].running -= 1
         retries.insert(id, key: until)
@@ -1402,6 +1409,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         liveCount += 1
         listAppend(n, queue: q)
         slots[n].state = .running  // the queue's and host's running counts stay as they are
+        internalRunning += 1
         retire(s, .cancelled, nil, byCancel: true, now: now, into: &actions)
         schedule(now: now, into: &actions)
         return newID
