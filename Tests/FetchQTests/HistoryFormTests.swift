@@ -192,23 +192,27 @@ import Testing
     /// that made it: the history form shares the body's array, not that
     /// copy, also for a response without a value (a soak review: a kept
     /// 16 MB response cost 31 MB once its callback had read the body).
-    @Test(arguments: ["none", "json"])
+    @Test(arguments: ["none", "json", "marshal"])
     func aLargeBodysCopyForTheCallbackIsNotKeptInHistory(_ parse: String) throws {
         try withEngine(config) { engine, queue, _ in
             final class Parts: @unchecked Sendable {
                 var sharesDetails: Bool?
                 var formBody: [UInt8]?
                 var body: [UInt8] = []
+                var marshal: [UInt8]?
+                var formMarshal: [UInt8]?
             }
             for (size, large) in [(200_000, true), (3_000, false)] {
                 let parts = Parts()
                 let request = json(#"{"url": "\#(server.url("/json?size=\(size)"))"}"#)
-                let options = json(#"{"parse": "\#(parse)"}"#)
+                let options = json(parse == "marshal" ? #"{"parse": "json", "marshal": true}"# : #"{"parse": "\#(parse)"}"#)
                 _ = try withExtendedLifetime((request, options)) {
                     try engine.submitRequest(request.pointer, to: queue, options: options.pointer) { result in
                         parts.body = result.bodyBytes.map(Array.init) ?? []  // makes the copy of a large body
                         parts.sharesDetails = result.historyForm.map { $0.http?.details === result.http?.details }
                         parts.formBody = result.historyForm?.http?.body
+                        parts.marshal = result.marshalBytes.map(Array.init)
+                        parts.formMarshal = result.historyForm?.marshalBytes.map(Array.init)
                     }
                 }
                 #expect(engine.waitIdle(timeoutMs: 20_000) == .ok)
@@ -220,6 +224,10 @@ import Testing
                     #expect(parts.sharesDetails == (parse == "none" ? nil : true), "\(parse), \(size) bytes")
                 }
                 #expect(parts.formBody == nil || parts.formBody! == parts.body)
+                if parse == "marshal" {
+                    // A dependent submitted later reads the same marshal data.
+                    #expect(parts.marshal != nil && parts.formMarshal == parts.marshal, "\(size) bytes")
+                }
             }
         }
     }

@@ -127,8 +127,8 @@ final class HTTPDetails: Sendable {
     }
 
     /// What a history form keeps (`NetworkJob.result`): these parts, except
-    /// for a large body, whose copy made for `fq_result_body` (and whose
-    /// marshal data) must not stay in the history with it — a kept 16 MB
+    /// for a large body, whose copy made for `fq_result_body` must not stay
+    /// in the history with it — a kept 16 MB
     /// response cost 31 MB once its callback had read the body (a soak
     /// review). The form gets parts of its own that share the body's array;
     /// a dependent that reads the body makes its own copy.
@@ -140,7 +140,13 @@ final class HTTPDetails: Sendable {
         headerList = other.headerList
         storage = nil
         largeBody = other.largeBody
-        marshal = nil  // fq_result_marshal may be NULL ("then parse the body")
+        // The marshal data is the result's to free: the form gets a copy.
+        if let data = other.marshal, let copy = malloc(max(data.count, 1)) {
+            if let base = data.baseAddress { memcpy(copy, base, data.count) }
+            marshal = UnsafeMutableBufferPointer(start: copy.assumingMemoryBound(to: UInt8.self), count: data.count)
+        } else {
+            marshal = nil
+        }
         transfer = other.transfer
         queueWaitMs = other.queueWaitMs
         attempts = other.attempts

@@ -90,7 +90,7 @@ func startThread(name: String, _ body: @escaping @Sendable () -> Void) throws(Fe
     guard rc == 0 else {
         Unmanaged<AnyObject>.fromOpaque(box).release()
         throw FetchQError(.noMemory, "cannot start the engine's thread \(name): pthread_create failed: "
-                          + String(cString: strerror(rc)))
+                          + String(cString: strerror(rc)) + " (each engine thread reserves an 8 MiB stack)")
     }
     return tid
 }

@@ -213,13 +213,17 @@ final class CurlTransfer: @unchecked Sendable {
         // stalled first request would hold back every other one to that host.
         if Self.hasScheme(r.url, "https://") { long(CURLOPT_PIPEWAIT, 1, "PIPEWAIT") }
         long(CURLOPT_TCP_KEEPALIVE, 1, "TCP_KEEPALIVE")
+        // A proxy's answer to CONNECT is not the response (and must not count
+        // as an answer to the request for `beforeRequest`).
+        long(CURLOPT_SUPPRESS_CONNECT_HEADERS, 1, "SUPPRESS_CONNECT_HEADERS")
         if resentAfter408 { long(CURLOPT_FRESH_CONNECT, 1, "FRESH_CONNECT") }
         if r.connectTimeoutMs > 0 { long(CURLOPT_CONNECTTIMEOUT_MS, r.connectTimeoutMs, "CONNECTTIMEOUT_MS") }
-        if hops == 0 { firstHopNs = Self.monotonicNs() }
+        let firstRequest = hops == 0 && !resentAfter408
+        if firstRequest { firstHopNs = Self.monotonicNs() }
         if r.timeoutMs > 0 {
             // After a hop followed here: what is left of it (nextHop checked some is).
             let spentMs = Int((Self.monotonicNs() &- firstHopNs) / 1_000_000)
-            long(CURLOPT_TIMEOUT_MS, hops == 0 ? r.timeoutMs : max(1, r.timeoutMs - spentMs), "TIMEOUT_MS")
+            long(CURLOPT_TIMEOUT_MS, firstRequest ? r.timeoutMs : max(1, r.timeoutMs - spentMs), "TIMEOUT_MS")
         }
         // Redirects. CURLOPT_UNRESTRICTED_AUTH stays 0 (curl's default): curl then
         // drops custom Authorization and Cookie headers when a redirect changes
@@ -334,7 +338,7 @@ final class CurlTransfer: @unchecked Sendable {
                 // fetchq never asks for an upgrade (RFC 9110 §15.2.2: a server
                 // sends 101 only to a request that did); curl would wait on
                 // the connection for a response that never comes.
-                framingError = "the server switched protocols (101) though no upgrade was asked for"
+                framingError = "the server switched protocols (101): fetchq speaks only HTTP"
                 return 0
             }
             // A new response (after a redirect, a 1xx, a proxy CONNECT): only the
@@ -661,11 +665,15 @@ final class CurlTransfer: @unchecked Sendable {
         guard let easy else { return nil }
         var status = 0
         getLong(easy, CURLINFO_RESPONSE_CODE) { status = $0 }
-        if status == 408 && !resentAfter408 && Self.answeredOnAReusedConnection(easy) {
+        let spentMs = Int((Self.monotonicNs() &- firstHopNs) / 1_000_000)
+        if status == 408 && !resentAfter408 && Self.answeredOnAReusedConnection(easy)
+            && (request.timeoutMs == 0 || spentMs < request.timeoutMs)
+        {
             // A server that closes idle connections may answer a request
             // that arrives as it does with 408 (RFC 9110 §15.5.9): the
             // request was not read, so it goes again, once, on a new
-            // connection, whatever its method (as browsers do).
+            // connection, whatever its method (as browsers do), within
+            // what is left of timeout_ms.
             resentAfter408 = true
             earlierHopsMs += microseconds(easy, CURLINFO_TOTAL_TIME_T) / 1000
             resetResponse()
@@ -688,7 +696,6 @@ final class CurlTransfer: @unchecked Sendable {
                 kind: .network,
                 message: "\(place) redirects (\(status)) to \(Self.redacted(target)), not an http or https URL with a host"))
         }
-        let spentMs = Int((Self.monotonicNs() &- firstHopNs) / 1_000_000)
         if request.timeoutMs > 0 && spentMs >= request.timeoutMs {
             return .fail(TransportError(
                 kind: .timeout,

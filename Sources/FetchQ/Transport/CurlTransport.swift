@@ -63,7 +63,7 @@ package final class CurlTransport: HTTPTransport, @unchecked Sendable {
         pthread_sigmask(SIG_SETMASK, &previous, nil)
         guard rc == 0 else {
             Unmanaged<CurlLoop>.fromOpaque(context).release()
-            throw TransportError(kind: .network, message: "pthread_create failed: \(String(cString: strerror(rc)))")
+            throw TransportError(kind: .network, message: "pthread_create failed: \(String(cString: strerror(rc))) (each engine thread reserves an 8 MiB stack)")
         }
         loopThread = thread
     }

@@ -5,9 +5,11 @@ third review, twenty-sixth session)."""
 from __future__ import annotations
 
 import socket
+import ssl
+import subprocess
 import threading
 import time
-from typing import Any, Callable, Dict, Iterator, List, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Union
 
 import pytest
 
@@ -25,8 +27,9 @@ class RawServer:
     """HTTP/1.1 on 127.0.0.1 answering each path with its scripted bytes
     (keep-alive unless the answer closes), counting requests per path."""
 
-    def __init__(self, answers: Dict[str, Answer]) -> None:
+    def __init__(self, answers: Dict[str, Answer], tls: "Optional[ssl.SSLContext]" = None) -> None:
         self.answers = answers
+        self.tls = tls
         self.requests: List[str] = []
         self.heads: List[str] = []
         self.listener = socket.socket()
@@ -39,7 +42,7 @@ class RawServer:
         self.thread.start()
 
     def url(self, path: str) -> str:
-        return "http://127.0.0.1:%d%s" % (self.port, path)
+        return "%s://127.0.0.1:%d%s" % ("https" if self.tls else "http", self.port, path)
 
     def count(self, path: str) -> int:
         return sum(1 for p in self.requests if p == path)
@@ -55,6 +58,12 @@ class RawServer:
 
     def _serve(self, conn: socket.socket) -> None:
         conn.settimeout(TIMEOUT)
+        if self.tls is not None:
+            try:
+                conn = self.tls.wrap_socket(conn, server_side=True)
+            except OSError:
+                conn.close()
+                return
         buf = b""
         with conn:
             for _ in range(100):                       # requests on this connection
@@ -103,8 +112,8 @@ def engine() -> Iterator[fetchq.Engine]:
     assert e._core.violations == []
 
 
-def serve(answers: Dict[str, Answer]) -> Iterator[RawServer]:
-    s = RawServer(answers)
+def serve(answers: Dict[str, Answer], tls: "Optional[ssl.SSLContext]" = None) -> Iterator[RawServer]:
+    s = RawServer(answers, tls)
     try:
         yield s
     finally:
@@ -417,3 +426,127 @@ def test_a_timeout_after_a_redirect_says_the_whole_time(engine: fetchq.Engine) -
     for s in serve({"/r": slow_redirect, "/slow": stall}):
         with pytest.raises(fetchq.Timeout, match=r"ms in all, timeout_ms 1000\)"):
             engine.queue("tr").get(s.url("/r"), timeout_ms=1000).result(timeout=TIMEOUT)
+
+
+class ConnectProxy:
+    """An HTTP proxy on 127.0.0.1 that only tunnels (CONNECT)."""
+
+    def __init__(self) -> None:
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(16)
+        self.listener.settimeout(0.2)
+        self.url = "http://127.0.0.1:%d" % self.listener.getsockname()[1]
+        self.stopping = False
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self) -> None:
+        deadline = time.monotonic() + 120
+        while not self.stopping and time.monotonic() < deadline:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                continue
+            threading.Thread(target=self._tunnel, args=(conn,), daemon=True).start()
+
+    def _tunnel(self, client: socket.socket) -> None:
+        client.settimeout(TIMEOUT)
+        head = b""
+        while b"\r\n\r\n" not in head:
+            chunk = client.recv(4096)
+            if not chunk:
+                client.close()
+                return
+            head += chunk
+        target = head.split(b" ")[1].decode()
+        host, port = target.rsplit(":", 1)
+        upstream = socket.create_connection((host, int(port)), timeout=TIMEOUT)
+        client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+
+        def pump(a: socket.socket, b: socket.socket) -> None:
+            try:
+                while True:
+                    data = a.recv(65536)
+                    if not data:
+                        break
+                    b.sendall(data)
+            except OSError:
+                pass
+            for x in (a, b):
+                try:
+                    x.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+        threading.Thread(target=pump, args=(upstream, client), daemon=True).start()
+        pump(client, upstream)
+
+    def stop(self) -> None:
+        self.stopping = True
+        self.thread.join(5)
+        self.listener.close()
+
+
+def test_a_post_through_a_connect_tunnel_is_not_sent_again_either(tmp_path: Any) -> None:
+    """Through an HTTPS proxy libcurl opens a new tunnel to send the request
+    again, and the proxy's "200 Connection established" counted as an
+    answer: the POST reached the server twice (the review of the session's
+    own changes)."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-days", "1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True, timeout=60)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(str(cert), str(key))
+    context.set_alpn_protocols(["http/1.1"])
+    served: Dict[int, int] = {}
+    ok = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
+
+    def answer_first_only(conn: socket.socket, head: str) -> bool:
+        port = conn.getpeername()[1]
+        served[port] = served.get(port, 0) + 1
+        if served[port] == 1:
+            conn.sendall(ok)
+            return True
+        return False
+
+    proxy = ConnectProxy()
+    try:
+        for s in serve({"/order": answer_first_only}, tls=context):
+            with fetchq.Engine(timeout_ms=10000, proxy=proxy.url, ca_file=str(cert)) as e:
+                q = e.queue("tunnel", max_concurrent=1)
+                assert q.request("POST", s.url("/order"), json={"pay": 1}).result(timeout=TIMEOUT).status == 200
+                with pytest.raises(fetchq.NetworkError, match="not sent again"):
+                    q.request("POST", s.url("/order"), json={"pay": 2}).result(timeout=TIMEOUT)
+            assert s.count("/order") == 2
+    finally:
+        proxy.stop()
+
+
+def test_the_408_resend_stays_within_timeout_ms(engine: fetchq.Engine) -> None:
+    """The request sent again after a 408 took a whole timeout_ms of its
+    own: an attempt could last twice the limit."""
+    served: Dict[int, int] = {}
+    ok = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
+
+    def slow(conn: socket.socket, head: str) -> bool:
+        port = conn.getpeername()[1]
+        served[port] = served.get(port, 0) + 1
+        if served[port] == 1 and len(served) == 1:
+            conn.sendall(ok)                          # warms a kept-alive connection
+            return True
+        time.sleep(1.5)
+        if served[port] == 2:
+            conn.sendall(b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            return False
+        conn.sendall(ok)
+        return True
+
+    for s in serve({"/s": slow}):
+        q = engine.queue("408t", max_concurrent=1)
+        assert q.get(s.url("/s")).result(timeout=TIMEOUT).status == 200
+        started = time.monotonic()
+        with pytest.raises(fetchq.Timeout):
+            q.get(s.url("/s"), timeout_ms=2000).result(timeout=TIMEOUT)
+        assert time.monotonic() - started < 2.6
