@@ -23,15 +23,11 @@ from conftest import TIMEOUT
 Answer = Union[bytes, Callable[[socket.socket, str], bool]]
 
 
-class RawServer:
-    """HTTP/1.1 on 127.0.0.1 answering each path with its scripted bytes
-    (keep-alive unless the answer closes), counting requests per path."""
+class Listener:
+    """A TCP listener on 127.0.0.1 handing each connection to `handle` on a
+    thread of its own, for at most 120 s or until `stop`."""
 
-    def __init__(self, answers: Dict[str, Answer], tls: "Optional[ssl.SSLContext]" = None) -> None:
-        self.answers = answers
-        self.tls = tls
-        self.requests: List[str] = []
-        self.heads: List[str] = []
+    def __init__(self) -> None:
         self.listener = socket.socket()
         self.listener.bind(("127.0.0.1", 0))
         self.listener.listen(16)
@@ -41,11 +37,8 @@ class RawServer:
         self.thread = threading.Thread(target=self._accept, daemon=True)
         self.thread.start()
 
-    def url(self, path: str) -> str:
-        return "%s://127.0.0.1:%d%s" % ("https" if self.tls else "http", self.port, path)
-
-    def count(self, path: str) -> int:
-        return sum(1 for p in self.requests if p == path)
+    def handle(self, conn: socket.socket) -> None:
+        raise NotImplementedError
 
     def _accept(self) -> None:
         deadline = time.monotonic() + 120
@@ -54,9 +47,32 @@ class RawServer:
                 conn, _ = self.listener.accept()
             except OSError:
                 continue
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+            threading.Thread(target=self.handle, args=(conn,), daemon=True).start()
 
-    def _serve(self, conn: socket.socket) -> None:
+    def stop(self) -> None:
+        self.stopping = True
+        self.thread.join(5)
+        self.listener.close()
+
+
+class RawServer(Listener):
+    """HTTP/1.1 on 127.0.0.1 answering each path with its scripted bytes
+    (keep-alive unless the answer closes), counting requests per path."""
+
+    def __init__(self, answers: Dict[str, Answer], tls: "Optional[ssl.SSLContext]" = None) -> None:
+        self.answers = answers
+        self.tls = tls
+        self.requests: List[str] = []
+        self.heads: List[str] = []
+        super().__init__()
+
+    def url(self, path: str) -> str:
+        return "%s://127.0.0.1:%d%s" % ("https" if self.tls else "http", self.port, path)
+
+    def count(self, path: str) -> int:
+        return sum(1 for p in self.requests if p == path)
+
+    def handle(self, conn: socket.socket) -> None:
         conn.settimeout(TIMEOUT)
         if self.tls is not None:
             try:
@@ -97,11 +113,6 @@ class RawServer:
                     conn.sendall(answer)
                 except OSError:
                     return
-
-    def stop(self) -> None:
-        self.stopping = True
-        self.thread.join(5)
-        self.listener.close()
 
 
 @pytest.fixture
@@ -428,29 +439,14 @@ def test_a_timeout_after_a_redirect_says_the_whole_time(engine: fetchq.Engine) -
             engine.queue("tr").get(s.url("/r"), timeout_ms=1000).result(timeout=TIMEOUT)
 
 
-class ConnectProxy:
+class ConnectProxy(Listener):
     """An HTTP proxy on 127.0.0.1 that only tunnels (CONNECT)."""
 
     def __init__(self) -> None:
-        self.listener = socket.socket()
-        self.listener.bind(("127.0.0.1", 0))
-        self.listener.listen(16)
-        self.listener.settimeout(0.2)
-        self.url = "http://127.0.0.1:%d" % self.listener.getsockname()[1]
-        self.stopping = False
-        self.thread = threading.Thread(target=self._accept, daemon=True)
-        self.thread.start()
+        super().__init__()
+        self.url = "http://127.0.0.1:%d" % self.port
 
-    def _accept(self) -> None:
-        deadline = time.monotonic() + 120
-        while not self.stopping and time.monotonic() < deadline:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                continue
-            threading.Thread(target=self._tunnel, args=(conn,), daemon=True).start()
-
-    def _tunnel(self, client: socket.socket) -> None:
+    def handle(self, client: socket.socket) -> None:
         client.settimeout(TIMEOUT)
         head = b""
         while b"\r\n\r\n" not in head:
@@ -481,11 +477,6 @@ class ConnectProxy:
 
         threading.Thread(target=pump, args=(upstream, client), daemon=True).start()
         pump(client, upstream)
-
-    def stop(self) -> None:
-        self.stopping = True
-        self.thread.join(5)
-        self.listener.close()
 
 
 def test_a_post_through_a_connect_tunnel_is_not_sent_again_either(tmp_path: Any) -> None:
