@@ -123,6 +123,25 @@ def engine() -> Iterator[fetchq.Engine]:
     assert e._core.violations == []
 
 
+OK_JSON = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
+
+
+def first_request_only() -> Callable[[socket.socket, str], bool]:
+    """An answer that answers the first request on each connection and
+    reads the next, then closes it without an answer."""
+    served: Dict[int, int] = {}                       # requests per connection (client port)
+
+    def answer(conn: socket.socket, head: str) -> bool:
+        port = conn.getpeername()[1]
+        served[port] = served.get(port, 0) + 1
+        if served[port] == 1:
+            conn.sendall(OK_JSON)
+            return True
+        return False
+
+    return answer
+
+
 def serve(answers: Dict[str, Answer], tls: "Optional[ssl.SSLContext]" = None) -> Iterator[RawServer]:
     s = RawServer(answers, tls)
     try:
@@ -243,18 +262,7 @@ def test_a_request_curl_would_send_again_is_sent_again_only_if_idempotent(engine
     one closes before the first byte of an answer. The server may have acted
     on it: a POST (or PATCH) is not sent again (RFC 9112 §9.3.1.1) unless the
     retry policy allows any method; a GET still is."""
-    served: Dict[int, int] = {}                       # requests per connection (client port)
-    ok = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
-
-    def answer_first_only(conn: socket.socket, head: str) -> bool:
-        port = conn.getpeername()[1]
-        served[port] = served.get(port, 0) + 1
-        if served[port] == 1:
-            conn.sendall(ok)
-            return True
-        return False                                  # read, then closed without an answer
-
-    for s in serve({"/order": answer_first_only}):
+    for s in serve({"/order": first_request_only()}):
         q = engine.queue("resend", max_concurrent=1)
         for method in ("POST", "PATCH"):
             before = s.count("/order")
@@ -269,7 +277,7 @@ def test_a_request_curl_would_send_again_is_sent_again_only_if_idempotent(engine
                       retry={"max": 1, "base": 0.01, "any_method": True}).result(timeout=TIMEOUT)
         assert r.status == 200 and r.metrics["attempts"] == 2
         assert s.count("/order") == before + 3
-    for s in serve({"/item": answer_first_only}):      # a server of its own: no connection to reuse yet
+    for s in serve({"/item": first_request_only()}):      # a server of its own: no connection to reuse yet
         # A GET is sent again by libcurl on a new connection, as before.
         q = engine.queue("resend-get", max_concurrent=1)
         assert q.get(s.url("/item")).result(timeout=TIMEOUT).status == 200
@@ -396,10 +404,9 @@ def test_a_408_on_a_reused_idle_connection_sends_the_request_again(engine: fetch
     closes it (RFC 9110 §15.5.9); a request put on that connection read the
     408 as its answer though the server never received it. It is sent again,
     once, on a new connection, whatever its method."""
-    ok = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
 
     def answer_then_time_out(conn: socket.socket, head: str) -> bool:
-        conn.sendall(ok)
+        conn.sendall(OK_JSON)
         time.sleep(0.2)
         conn.sendall(b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
         return False
@@ -491,20 +498,9 @@ def test_a_post_through_a_connect_tunnel_is_not_sent_again_either(tmp_path: Any)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(str(cert), str(key))
     context.set_alpn_protocols(["http/1.1"])
-    served: Dict[int, int] = {}
-    ok = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
-
-    def answer_first_only(conn: socket.socket, head: str) -> bool:
-        port = conn.getpeername()[1]
-        served[port] = served.get(port, 0) + 1
-        if served[port] == 1:
-            conn.sendall(ok)
-            return True
-        return False
-
     proxy = ConnectProxy()
     try:
-        for s in serve({"/order": answer_first_only}, tls=context):
+        for s in serve({"/order": first_request_only()}, tls=context):
             with fetchq.Engine(timeout_ms=10000, proxy=proxy.url, ca_file=str(cert)) as e:
                 q = e.queue("tunnel", max_concurrent=1)
                 assert q.request("POST", s.url("/order"), json={"pay": 1}).result(timeout=TIMEOUT).status == 200
@@ -519,19 +515,18 @@ def test_the_408_resend_stays_within_timeout_ms(engine: fetchq.Engine) -> None:
     """The request sent again after a 408 took a whole timeout_ms of its
     own: an attempt could last twice the limit."""
     served: Dict[int, int] = {}
-    ok = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
 
     def slow(conn: socket.socket, head: str) -> bool:
         port = conn.getpeername()[1]
         served[port] = served.get(port, 0) + 1
         if served[port] == 1 and len(served) == 1:
-            conn.sendall(ok)                          # warms a kept-alive connection
+            conn.sendall(OK_JSON)                     # warms a kept-alive connection
             return True
         time.sleep(1.5)
         if served[port] == 2:
             conn.sendall(b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
             return False
-        conn.sendall(ok)
+        conn.sendall(OK_JSON)
         return True
 
     for s in serve({"/s": slow}):
