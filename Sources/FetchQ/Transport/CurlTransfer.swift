@@ -222,8 +222,7 @@ final class CurlTransfer: @unchecked Sendable {
         if firstRequest { firstHopNs = Self.monotonicNs() }
         if r.timeoutMs > 0 {
             // After a hop followed here: what is left of it (nextHop checked some is).
-            let spentMs = Int((Self.monotonicNs() &- firstHopNs) / 1_000_000)
-            long(CURLOPT_TIMEOUT_MS, firstRequest ? r.timeoutMs : max(1, r.timeoutMs - spentMs), "TIMEOUT_MS")
+            long(CURLOPT_TIMEOUT_MS, firstRequest ? r.timeoutMs : max(1, r.timeoutMs - spentMs()), "TIMEOUT_MS")
         }
         // Redirects. CURLOPT_UNRESTRICTED_AUTH stays 0 (curl's default): curl then
         // drops custom Authorization and Cookie headers when a redirect changes
@@ -665,9 +664,8 @@ final class CurlTransfer: @unchecked Sendable {
         guard let easy else { return nil }
         var status = 0
         getLong(easy, CURLINFO_RESPONSE_CODE) { status = $0 }
-        let spentMs = Int((Self.monotonicNs() &- firstHopNs) / 1_000_000)
         if status == 408 && !resentAfter408 && Self.answeredOnAReusedConnection(easy)
-            && (request.timeoutMs == 0 || spentMs < request.timeoutMs)
+            && (request.timeoutMs == 0 || spentMs() < request.timeoutMs)
         {
             // A server that closes idle connections may answer a request
             // that arrives as it does with 408 (RFC 9110 §15.5.9): the
@@ -696,10 +694,11 @@ final class CurlTransfer: @unchecked Sendable {
                 kind: .network,
                 message: "\(place) redirects (\(status)) to \(Self.redacted(target)), not an http or https URL with a host"))
         }
-        if request.timeoutMs > 0 && spentMs >= request.timeoutMs {
+        let spent = spentMs()
+        if request.timeoutMs > 0 && spent >= request.timeoutMs {
             return .fail(TransportError(
                 kind: .timeout,
-                message: "Operation timed out after \(spentMs) milliseconds, following a redirect (\(status)) at \(place)",
+                message: "Operation timed out after \(spent) milliseconds, following a redirect (\(status)) at \(place)",
                 curlCode: 28))
         }
         var next = request
@@ -721,6 +720,9 @@ final class CurlTransfer: @unchecked Sendable {
         resetResponse()
         return .follow
     }
+
+    /// Milliseconds since the first request of this transfer was configured.
+    private func spentMs() -> Int { Int((Self.monotonicNs() &- firstHopNs) / 1_000_000) }
 
     /// Before the next hop: nothing of this response stays.
     private func resetResponse() {
