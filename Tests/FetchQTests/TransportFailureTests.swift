@@ -1,4 +1,5 @@
-import FetchQ
+import CCurl
+@testable import FetchQ
 import Glibc
 import Testing
 
@@ -88,5 +89,25 @@ struct TransportFailureTests {
             url: server.url("/json"), caFile: "/nonexistent/ca.pem")).error)
         #expect(error.kind == .tls, "\(error)")
         #expect(error.curlCode == 77)  // SSL_CACERT_BADFILE
+    }
+
+    /// A TLS handshake the peer reset or closed is a network failure (retried
+    /// as one); a real TLS failure stays one, whatever errno an address tried
+    /// before left (refinedKind reads curl's text, not CURLINFO_OS_ERRNO).
+    @Test func tlsHandshakeResetsAreNetworkFailuresAndAlertsStayTLS() {
+        let cases: [(String, TransportError.Kind)] = [
+            ("Recv failure: Connection reset by peer", .network),
+            ("OpenSSL SSL_connect: SSL_ERROR_SYSCALL in connection to 127.0.0.1:443 ", .network),
+            ("error:0A000126:SSL routines::unexpected eof while reading", .network),
+            ("error:0A000410:SSL routines::sslv3 alert handshake failure", .tls),
+            ("error:0A00042E:SSL routines::tlsv1 alert protocol version", .tls),
+        ]
+        for (text, kind) in cases {
+            #expect(TransportError.refinedKind(.tls, code: CURLE_SSL_CONNECT_ERROR, text: text) == kind, "\(text)")
+        }
+        #expect(TransportError.refinedKind(.network, code: CURLE_RECV_ERROR,
+                                           text: "Too large response headers: 307794 > 307200") == .tooLarge)
+        #expect(TransportError.refinedKind(.network, code: CURLE_RECV_ERROR, text: "Recv failure: Connection reset by peer")
+                == .network)
     }
 }

@@ -564,7 +564,7 @@ final class CurlTransfer: @unchecked Sendable {
                 text = String(cString: errorBuffer)
                 if text.isEmpty { text = TransportError.curlText(code) }
             }
-            kind = TransportError.refinedKind(kind, code: code, text: text, osErrno: osErrno)
+            kind = TransportError.refinedKind(kind, code: code, text: text)
             if kind == .connect && osErrno != 0, let reason = strerror(Int32(osErrno)) {
                 // curl says "Couldn't connect to server" for a refused port and
                 // for a process out of descriptors alike.

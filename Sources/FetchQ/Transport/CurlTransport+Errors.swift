@@ -49,14 +49,17 @@ extension TransportError {
         }
     }
 
-    /// `kind(for:)` corrected by what curl said and the system's errno:
+    /// `kind(for:)` corrected by what curl said:
     /// - a TLS handshake the peer reset or closed is a network failure (and
-    ///   retried as one), not a TLS one: nothing was wrong with the TLS;
+    ///   retried as one), not a TLS one: nothing was wrong with the TLS. By
+    ///   curl's text, not `CURLINFO_OS_ERRNO`, which can be left over from
+    ///   an address tried before (a refused ::1, then 127.0.0.1 with a real
+    ///   TLS alert);
     /// - response headers over libcurl's 300 KiB in all are too large, not
     ///   a network failure to retry (as a single line over 100 KiB is).
-    static func refinedKind(_ kind: Kind, code: CURLcode, text: String, osErrno: Int) -> Kind {
+    static func refinedKind(_ kind: Kind, code: CURLcode, text: String) -> Kind {
         if code == CURLE_SSL_CONNECT_ERROR
-            && (osErrno != 0 || text.contains("SSL_ERROR_SYSCALL") || text.contains("unexpected eof"))
+            && ["Recv failure", "Send failure", "SSL_ERROR_SYSCALL", "unexpected eof"].contains(where: text.contains)
         {
             return .network
         }
