@@ -540,7 +540,8 @@ final class CurlTransfer: @unchecked Sendable {
         getLong(easy, CURLINFO_REDIRECT_COUNT) { redirects += $0 }
         guard code == CURLE_OK else {
             let httpURL = Self.hasScheme(request.url, "http://") || Self.hasScheme(request.url, "https://")
-            var kind = TransportError.kind(for: code, capExceeded: capExceeded, httpURL: httpURL)
+            var kind = TransportError.kind(for: code, capExceeded: capExceeded, httpURL: httpURL,
+                                                   redirected: redirects > 0)
             var osErrno = Int(socketErrno.pointee)
             if osErrno == 0 { getLong(easy, CURLINFO_OS_ERRNO) { osErrno = $0 } }
             var text: String

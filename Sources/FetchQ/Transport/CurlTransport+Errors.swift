@@ -3,8 +3,9 @@ import CCurl
 extension TransportError {
     /// The error kind for a curl result. `capExceeded` says our write callback
     /// refused data because of `maxResponseBytes` (curl then reports WRITE_ERROR);
-    /// `httpURL` says the request's own URL is http:// or https://.
-    static func kind(for code: CURLcode, capExceeded: Bool, httpURL: Bool) -> Kind {
+    /// `httpURL` says the request's own URL is http:// or https://;
+    /// `redirected` that curl followed a redirect before it failed.
+    static func kind(for code: CURLcode, capExceeded: Bool, httpURL: Bool, redirected: Bool = false) -> Kind {
         switch code {
         case CURLE_OPERATION_TIMEDOUT:
             return .timeout
@@ -31,8 +32,11 @@ extension TransportError {
             // scheme, or a reply that is not HTTP at all (curl: "Received
             // HTTP/0.9 when not allowed"). Otherwise the caller's mistake.
             return httpURL ? .network : .invalidRequest
-        case CURLE_URL_MALFORMAT, CURLE_BAD_FUNCTION_ARGUMENT, CURLE_UNKNOWN_OPTION,
-            CURLE_NOT_BUILT_IN:
+        case CURLE_URL_MALFORMAT:
+            // After a redirect it is the server's Location that did not
+            // parse (a control character in it), not the caller's URL.
+            return redirected ? .network : .invalidRequest
+        case CURLE_BAD_FUNCTION_ARGUMENT, CURLE_UNKNOWN_OPTION, CURLE_NOT_BUILT_IN:
             return .invalidRequest
         case CURLE_ABORTED_BY_CALLBACK:
             // The xferinfo callback stops a body over the cap; a cancel

@@ -446,6 +446,21 @@ def test_a_timeout_after_a_redirect_says_the_whole_time(engine: fetchq.Engine) -
             engine.queue("tr").get(s.url("/r"), timeout_ms=1000).result(timeout=TIMEOUT)
 
 
+def test_a_location_that_does_not_parse_is_the_servers_fault(engine: fetchq.Engine) -> None:
+    """A control character in a redirect's Location failed GET and POST
+    with FQ_ERR_INVALID, the caller's status (the fifth review), and PUT
+    with FQ_ERR_NETWORK: every method now says the server's doing."""
+    bad = b"HTTP/1.1 302 Found\r\nLocation: /next\tpage\r\nContent-Length: 0\r\n\r\n"
+    for s in serve({"/r": bad}):
+        q = engine.queue("badloc")
+        for method in ("GET", "POST", "PUT"):
+            with pytest.raises(fetchq.NetworkError) as caught:
+                q.request(method, s.url("/r"), retry={"max": 0}).result(timeout=TIMEOUT)
+            assert caught.value.code == -12
+            assert not isinstance(caught.value, ValueError)
+        assert s.count("/r") == 3  # nothing retried: "max" 0
+
+
 class ConnectProxy(Listener):
     """An HTTP proxy on 127.0.0.1 that only tunnels (CONNECT)."""
 
