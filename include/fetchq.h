@@ -473,9 +473,12 @@ fq_op_id fq_submit_async(fq_queue *queue, fq_async_fn fn, const json_t *options,
  *                new connection (not counted in "attempts"); any other method
  *                ends FQ_ERR_NETWORK ("not sent again": the server may have
  *                acted on it, RFC 9112 §9.3.1.1) and is retried only
- *                with "any_method". Over HTTP/2 a request the server refused
- *                unprocessed (a stream after its GOAWAY) is sent again
- *                whatever its method;
+ *                with "any_method". Over HTTP/2 libcurl sends a stream the
+ *                server refused unprocessed (REFUSED_STREAM, or one opened
+ *                after a GOAWAY had arrived) again whatever its method; a
+ *                stream that a GOAWAY arriving while it was sent refuses
+ *                ends FQ_ERR_NETWORK ("HTTP2 framing layer") and is retried
+ *                only as above;
  *   "coalesce"   true (default): a GET without a body, "depends_on" or
  *                "barrier" that is identical to one in flight (same URL,
  *                headers, limits, "retry" and progress setting) shares its
@@ -564,9 +567,15 @@ fq_op_id fq_submit_async(fq_queue *queue, fq_async_fn fn, const json_t *options,
  *   "query"    an object of strings/numbers/booleans, URL-encoded (RFC 3986)
  *              and appended to the URL
  *   "body"     a string (sent as is), or any other JSON value (serialized
- *              and sent with Content-Type: application/json unless set)
+ *              and sent with Content-Type: application/json unless set).
+ *              Over https:// a body over 64 KiB is sent over HTTP/1.1 even
+ *              when the server offers HTTP/2: libcurl 7.88 over HTTP/2 waits
+ *              for flow-control window to send the rest of a body that the
+ *              server answered without reading, until "timeout_ms"
  * Extra options: "parse": "auto" (default: parse when the response's
- * Content-Type is JSON) | "json" (always; invalid JSON is FQ_ERR_PARSE) |
+ * Content-Type is application/json, application/...+json, text/json or
+ * application/x-json, parameters and case aside) | "json" (always; invalid
+ * JSON, a leading byte order mark included, is FQ_ERR_PARSE) |
  * "none"; "lazy_parse": false (default) | true: the body is still checked
  * when the response arrives (invalid JSON is FQ_ERR_PARSE, as without it),
  * but its value is built only when fq_result_value() is first called on the

@@ -280,7 +280,12 @@ extension NetworkJob {
                         case .outOfMemory:
                             what = "out of memory parsing the response (\(response.body.count) bytes)"
                             parseStatus = .noMemory
-                        default: what = "the response is not valid JSON"
+                        default:
+                            // jansson's message would quote the invisible U+FEFF.
+                            what = response.body.starts(with: [0xEF, 0xBB, 0xBF])
+                                ? "the response is not valid JSON: it starts with a UTF-8 byte order mark, "
+                                    + "which JSON does not allow (RFC 8259 §8.1)"
+                                : "the response is not valid JSON"
                         }
                         parseError = "\(request.method) \(URLUtilities.redactingPassword(request.url)): \(what): \(error)"
                     }
@@ -346,7 +351,8 @@ extension NetworkJob {
         case .auto:
             guard !response.body.isEmpty, let type = response.header("content-type")?.lowercased() else { return false }
             let mime = type.split(separator: ";").first.map { String($0).trimmingCharacters(in: " \t") } ?? ""
-            return mime == "application/json" || (mime.hasPrefix("application/") && mime.hasSuffix("+json"))
+            return mime == "application/json" || mime == "text/json" || mime == "application/x-json"
+                || (mime.hasPrefix("application/") && mime.hasSuffix("+json"))
         }
     }
 

@@ -206,7 +206,13 @@ final class CurlTransfer: @unchecked Sendable {
         string(CURLOPT_URL, r.url, "URL")
         string(CURLOPT_PROTOCOLS_STR, "http,https", "PROTOCOLS_STR")
         string(CURLOPT_REDIR_PROTOCOLS_STR, "http,https", "REDIR_PROTOCOLS_STR")
-        long(CURLOPT_HTTP_VERSION, CURL_HTTP_VERSION_2TLS, "HTTP_VERSION")
+        // A body over HTTP/2's initial stream window goes over HTTP/1.1:
+        // libcurl 7.88 waits for window to send the rest of a body even
+        // after the server answered without reading it (nginx's 200 to an
+        // upload it ignores), until timeout_ms, and the answer is lost.
+        let windowBytes = 65_535
+        long(CURLOPT_HTTP_VERSION, (r.body?.count ?? 0) > windowBytes ? CURL_HTTP_VERSION_1_1 : CURL_HTTP_VERSION_2TLS,
+             "HTTP_VERSION")
         // Over TLS, wait for a connection being set up to the same host (ALPN tells
         // within the handshake whether it multiplexes) rather than opening another.
         // Not for cleartext: HTTP/1.1 is only known once a response arrives, so a

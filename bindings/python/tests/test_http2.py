@@ -112,6 +112,27 @@ def test_http2_is_used_when_the_server_offers_it(nginx_h2: Tuple[str, str]) -> N
     assert sum(1 for r in responses if not r.metrics["reused_connection"]) < 8
 
 
+def test_a_body_over_the_stream_window_is_sent_over_http1(nginx_h2: Tuple[str, str]) -> None:
+    """nginx answers 200 without reading the body (``return``). Over HTTP/2
+    libcurl 7.88 then waited for window to send the rest of a body over
+    64 KiB until timeout_ms, and the answer was lost (the fifth review):
+    such bodies now go over HTTP/1.1, smaller ones still over HTTP/2, also
+    while an HTTP/2 connection to the host is open."""
+    base, cert = nginx_h2
+    with fetchq.Engine(ca_file=cert, timeout_ms=5000) as engine:
+        q = engine.queue("h2-up", max_concurrent=8)
+        assert q.get(base + "/first").result(timeout=TIMEOUT).metrics["http_version"] == "2"
+        small = [q.request(m, base + "/s", data="x" * 65535) for m in ("POST", "PUT")]
+        big = [q.request(m, base + "/b?i=%d" % i, data="y" * (1 << 20))
+               for i, m in enumerate(["POST", "PUT"] * 4)]
+        for f in small:
+            r = f.result(timeout=TIMEOUT)
+            assert (r.status, r.metrics["http_version"], r.json()["served_by"]) == (200, "2", "nginx")
+        for f in big:
+            r = f.result(timeout=TIMEOUT)
+            assert (r.status, r.metrics["http_version"], r.json()["served_by"]) == (200, "1.1", "nginx")
+
+
 def test_the_self_signed_certificate_is_refused_without_its_ca(nginx_h2: Tuple[str, str]) -> None:
     base, _ = nginx_h2
     with fetchq.Engine() as engine:

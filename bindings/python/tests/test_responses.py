@@ -551,3 +551,27 @@ def test_the_408_resend_stays_within_timeout_ms(engine: fetchq.Engine) -> None:
         with pytest.raises(fetchq.Timeout):
             q.get(s.url("/s"), timeout_ms=2000).result(timeout=TIMEOUT)
         assert time.monotonic() - started < 2.6
+
+
+def test_json_content_types_that_auto_parses(engine: fetchq.Engine) -> None:
+    """text/json and application/x-json were left unparsed by "auto" (the
+    fifth review); text/plain still is."""
+    def answer(ctype: bytes) -> bytes:
+        return b"HTTP/1.1 200 OK\r\nContent-Type: " + ctype + b"\r\nContent-Length: 8\r\n\r\n{\"a\": 1}"
+    types = {"/tj": b"text/json", "/xj": b"Application/X-JSON; charset=utf-8", "/pj": b"application/problem+json",
+             "/tp": b"text/plain"}
+    for s in serve({path: answer(t) for path, t in types.items()}):
+        q = engine.queue("ctypes")
+        for path in ("/tj", "/xj", "/pj"):
+            r = q.get(s.url(path)).result(timeout=TIMEOUT)
+            assert r.parsed and r.json() == {"a": 1}
+        assert not q.get(s.url("/tp")).result(timeout=TIMEOUT).parsed
+
+
+def test_a_byte_order_mark_is_named_in_the_parse_error(engine: fetchq.Engine) -> None:
+    """jansson's message quoted the invisible U+FEFF ("invalid token near '\\ufeff'")."""
+    body = b'\xef\xbb\xbf{"a": 1}'
+    answer = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)) + body
+    for s in serve({"/bom": answer}):
+        with pytest.raises(fetchq.ParseError, match="starts with a UTF-8 byte order mark"):
+            engine.queue("bom").get(s.url("/bom")).result(timeout=TIMEOUT)
