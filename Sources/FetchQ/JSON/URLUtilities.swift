@@ -75,14 +75,28 @@ public enum URLUtilities {
     /// (`user:password@`) is written `***`. `url` itself when it has none.
     public static func redactingPassword(_ url: String) -> String {
         let bytes = Array(url.utf8)
+        guard let (start, at) = userinfo(bytes),
+              let colon = bytes[start..<at].firstIndex(of: UInt8(ascii: ":")) else { return url }
+        return String(decoding: bytes[..<(colon + 1)] + Array("***".utf8) + bytes[at...], as: UTF8.self)
+    }
+
+    /// `url` without its userinfo (`user:password@`); `url` itself when it has none.
+    public static func removingUserinfo(_ url: String) -> String {
+        let bytes = Array(url.utf8)
+        guard let (start, at) = userinfo(bytes) else { return url }
+        return String(decoding: bytes[..<start] + bytes[(at + 1)...], as: UTF8.self)
+    }
+
+    /// Where the userinfo of an absolute URL starts, and the index of the
+    /// `@` that ends it; nil without one.
+    private static func userinfo(_ bytes: [UInt8]) -> (start: Int, at: Int)? {
         guard let scheme = bytes.firstIndex(of: UInt8(ascii: ":")), scheme + 2 < bytes.count,
-              bytes[scheme + 1] == UInt8(ascii: "/"), bytes[scheme + 2] == UInt8(ascii: "/") else { return url }
+              bytes[scheme + 1] == UInt8(ascii: "/"), bytes[scheme + 2] == UInt8(ascii: "/") else { return nil }
         let start = scheme + 3
         var end = start
         while end < bytes.count, !"/?#".utf8.contains(bytes[end]) { end += 1 }
-        guard let at = bytes[start..<end].lastIndex(of: UInt8(ascii: "@")),
-              let colon = bytes[start..<at].firstIndex(of: UInt8(ascii: ":")) else { return url }
-        return String(decoding: bytes[..<(colon + 1)] + Array("***".utf8) + bytes[at...], as: UTF8.self)
+        guard let at = bytes[start..<end].lastIndex(of: UInt8(ascii: "@")) else { return nil }
+        return (start, at)
     }
 
     /// "{query}" (made once).

@@ -667,6 +667,9 @@ final class CurlTransfer: @unchecked Sendable {
     /// does for the hops it follows, Authorization and Cookie headers are
     /// not sent to another scheme, host or port; `maxRedirects`, `timeoutMs`
     /// and the http/https restriction count across all hops.
+    /// The origin of the request before the redirects followed here.
+    private var firstOrigin: String?
+
     func nextHop() -> Hop? {
         guard let easy else { return nil }
         var status = 0
@@ -708,8 +711,11 @@ final class CurlTransfer: @unchecked Sendable {
                 message: "Operation timed out after \(spent) milliseconds, following a redirect (\(status)) at \(place)",
                 curlCode: 28))
         }
+        if hops == 0 { firstOrigin = Self.origin(of: request.url) }
         var next = request
-        next.url = target
+        // As libcurl does for the redirects it follows: credentials go only
+        // to the first request's origin, those in a Location included.
+        next.url = Self.origin(of: target) == firstOrigin ? target : URLUtilities.removingUserinfo(target)
         if status == 303 {
             next.method = "GET"
             next.body = nil

@@ -575,3 +575,28 @@ def test_a_byte_order_mark_is_named_in_the_parse_error(engine: fetchq.Engine) ->
     for s in serve({"/bom": answer}):
         with pytest.raises(fetchq.ParseError, match="starts with a UTF-8 byte order mark"):
             engine.queue("bom").get(s.url("/bom")).result(timeout=TIMEOUT)
+
+
+def test_credentials_in_a_location_go_only_to_the_first_origin(engine: fetchq.Engine) -> None:
+    """libcurl (GET, POST) sends the credentials of a followed Location only
+    to the first request's origin; fetchq's own follower (PUT, PATCH,
+    DELETE) sent them to any host (the fifth review). Now both alike."""
+    def auth_of(s: RawServer, path: str) -> List[str]:
+        return [line for head in s.heads if head.split(" ")[1] == path
+                for line in head.split("\r\n") if line.lower().startswith("authorization:")]
+
+    for other in serve({"/elsewhere": OK_JSON}):
+        for s in serve({}):
+            s.answers["/away"] = (b"HTTP/1.1 307 Temporary Redirect\r\nLocation: http://u:pw@127.0.0.1:%d"
+                                  b"/elsewhere\r\nContent-Length: 0\r\n\r\n" % other.port)
+            s.answers["/here"] = (b"HTTP/1.1 307 Temporary Redirect\r\nLocation: http://u:pw@127.0.0.1:%d"
+                                  b"/same\r\nContent-Length: 0\r\n\r\n" % s.port)
+            s.answers["/same"] = OK_JSON
+            q = engine.queue("userinfo")
+            for method in ("GET", "PUT"):
+                other.heads.clear()
+                s.heads.clear()
+                assert q.request(method, s.url("/away")).result(timeout=TIMEOUT).status == 200
+                assert q.request(method, s.url("/here")).result(timeout=TIMEOUT).status == 200
+                assert len(other.heads) == 1 and auth_of(other, "/elsewhere") == [], method
+                assert auth_of(s, "/same") == ["Authorization: Basic dTpwdw=="], method
