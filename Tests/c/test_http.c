@@ -1636,6 +1636,38 @@ TEST(http_stats_count_a_shared_transfers_callers_once) {
     for (int i = 0; i < 6; i++) rec_clear(&r[i]);
 }
 
+/* A request retried after its queue was suspended and freed: the retry came
+ * back to the closed queue, still suspended, and nobody could resume it (the
+ * fifth review): the operation and every caller sharing its GET from other
+ * queues waited for ever. A freed queue is no longer suspended. */
+TEST(http_a_retry_in_a_freed_suspended_queue_still_runs) {
+    fqt_server s;
+    fqt_server_start(&s, NULL);
+    fq_engine *e = fqt_engine(NULL);
+    fq_queue *doomed = fqt_queue(e, "doomed", 2), *live = fqt_queue(e, "live", 2);
+    char url[256], req[400];
+    fqt_url(&s, "/flaky?key=freed-suspended&fail=1&ms=150", url, sizeof url);
+    snprintf(req, sizeof req, "{\"url\": \"%s\"}", url);
+    const char *retry = "{\"retry\": {\"max\": 2, \"base\": 0.01}}";
+    rec first = {0}, shared = {0};
+    REQUIRE(fqt_request(doomed, req, retry, rec_done, &first) > 0);
+    REQUIRE(fqt_request(live, req, retry, rec_done, &shared) > 0); /* shares the transfer */
+    REQUIRE(WAIT_UNTIL(fqt_qstat(e, "doomed", "running", -1) == 1, FQT_LONG_MS));
+    CHECK_OK(fq_queue_set_suspended(doomed, true));
+    fq_queue_free(doomed); /* the first attempt (503) is still in flight */
+    CHECK_OK(fq_queue_wait(live, FQT_LONG_MS));
+    CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));
+    CHECK_EQ_INT(atomic_load(&first.calls), 1);
+    CHECK_EQ_INT(atomic_load(&shared.calls), 1);
+    CHECK_EQ_INT(first.outcome, FQ_SUCCEEDED);
+    CHECK_EQ_INT(shared.outcome, FQ_SUCCEEDED);
+    CHECK_EQ_INT(json_integer_value(json_object_get(shared.value, "attempt")), 2);
+    rec_clear(&first);
+    rec_clear(&shared);
+    fqt_engine_free(e);
+    fqt_server_stop(&s);
+}
+
 TEST(http_coalesced_gets_exactly_once_under_cancels) {
     fqt_server s;
     fqt_server_start(&s, NULL);

@@ -518,10 +518,13 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
     }
 
     /// The queue's handle was freed: cancel what has not started, and forget
-    /// the queue once its running operations are done.
+    /// the queue once its running operations are done. A running request
+    /// that is retried comes back to the queue: nobody can resume it any
+    /// more, so it is no longer suspended.
     mutating func closeQueue(_ queue: QueueID, now: UInt64) -> [Action] {
         guard queueExists(queue) else { return [] }
         queues[queue].closed = true
+        queues[queue].suspended = false
         let notStarted = unfinished(of: queue).filter { liveSlot($0).map { slots[$0].state != .running } ?? false }
         let actions = cancelMany(notStarted, sorted: true, now: now).actions
         removeQueueIfDone(queue)
