@@ -1668,6 +1668,45 @@ TEST(http_a_retry_in_a_freed_suspended_queue_still_runs) {
     fqt_server_stop(&s);
 }
 
+/* The leading caller of a shared GET was cancelled while queued; the carrier
+ * queued for the other callers waited for an open barrier of their queue,
+ * which was waiting for those callers: nothing in that queue ever ran again
+ * (the fifth review). A carrier does not wait for a barrier. */
+TEST(http_a_shared_gets_carrier_does_not_wait_for_a_barrier_waiting_for_its_callers) {
+    fqt_server s;
+    fqt_server_start(&s, NULL);
+    fq_engine *e = fqt_engine(NULL);
+    fq_queue *held = fqt_queue(e, "held", 1), *q = fqt_queue(e, "q", 2);
+    CHECK_OK(fq_queue_set_suspended(held, true));
+    char url[256], req[400];
+    fqt_url(&s, "/json?n=3", url, sizeof url);
+    snprintf(req, sizeof req, "{\"url\": \"%s\"}", url);
+    rec leader = {0}, caller = {0}, barrier = {0}, after = {0};
+    fq_op_id lead = fqt_request(held, req, NULL, rec_done, &leader);
+    REQUIRE(lead > 0);
+    REQUIRE(fqt_request(q, req, NULL, rec_done, &caller) > 0); /* attaches to the leader's transfer */
+    REQUIRE(fqt_block(q, body_tag, "{\"barrier\": true}", rec_done, &barrier) > 0);
+    REQUIRE(fqt_block(q, body_tag, NULL, rec_done, &after) > 0);
+    CHECK_OK(fq_cancel(e, lead)); /* a carrier is queued in `q` for the caller */
+    CHECK_OK(fq_queue_wait(q, FQT_LONG_MS));
+    CHECK_EQ_INT(atomic_load(&leader.calls), 1);
+    CHECK_EQ_INT(leader.outcome, FQ_CANCELLED);
+    CHECK_EQ_INT(atomic_load(&caller.calls), 1);
+    CHECK_EQ_INT(caller.outcome, FQ_SUCCEEDED);
+    CHECK_EQ_INT(atomic_load(&barrier.calls), 1);
+    CHECK_EQ_INT(barrier.outcome, FQ_SUCCEEDED);
+    CHECK_EQ_INT(atomic_load(&after.calls), 1);
+    CHECK_EQ_INT(after.outcome, FQ_SUCCEEDED);
+    CHECK(caller.done_seq < atomic_load(&barrier.start_seq));
+    CHECK(atomic_load(&barrier.end_seq) < atomic_load(&after.start_seq));
+    rec_clear(&leader);
+    rec_clear(&caller);
+    rec_clear(&barrier);
+    rec_clear(&after);
+    fqt_engine_free(e);
+    fqt_server_stop(&s);
+}
+
 TEST(http_coalesced_gets_exactly_once_under_cancels) {
     fqt_server s;
     fqt_server_start(&s, NULL);

@@ -591,7 +591,10 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
                 other = slots[Int(other)].prev
             }
             queues[q].openBarrier = id
-        } else if let barrier = queues[q].openBarrier, let b = liveSlot(barrier) {
+        } else if let barrier = queues[q].openBarrier, let b = liveSlot(barrier), !spec.isInternal {
+            // Not a carrier: it runs the transfer of callers that hold no
+            // slot and never waited for a barrier, and the open barrier may
+            // be waiting for those callers.
             link(s, after: b, edge: .order)
         }
         for dep in spec.collects {
@@ -965,7 +968,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         } else {
             queues[q].counters.running -= 1
             counters.running -= 1
-            hosts[Int(slots[s].host)].running -= 1
+            if slots[s].host != 0 { hosts[Int(slots[s].host)].running -= 1 }  // as counted at the start
             if slots[s].isInternal { internalRunning -= 1 }
         }
         retire(s, outcome, payload, byCancel: outcome == .cancelled && slots[s].cancelRequested, now: now, into: &actions)
@@ -1386,7 +1389,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         counters.running -= 1
         if slots[s].isInternal { internalRunning -= 1 }
         countQueued(q, 1, isInternal: slots[s].isInternal)
-        hosts[Int(slots[s].host)].running -= 1
+        if slots[s].host != 0 { hosts[Int(slots[s].host)].running -= 1 }
         retries.insert(id, key: until)
         var actions: [Action] = []
         schedule(now: now, into: &actions)
