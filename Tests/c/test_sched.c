@@ -534,3 +534,58 @@ TEST(max_wait_ms_fails_waiting_ops) {
     rec_clear(&w_option);
     fqt_engine_free(e);
 }
+
+/* Many queues, some idle, some suspended, half freed and their names taken
+ * again while their operations still wait: every operation runs once, in
+ * its own queue. (The scheduler looks only at queues with ready operations
+ * and finds names by a table: with 10 000 idle queues each start had
+ * looked at all of them, the fifth review.) */
+TEST(many_queues_idle_suspended_freed_and_named_again) {
+    enum { NQ = 600, PER = 3 };
+    fq_engine *e = fqt_engine(NULL);
+    static fq_queue *qs[NQ], *again[NQ / 2];
+    static rec r[NQ][PER], r2[NQ / 2];
+    memset(r, 0, sizeof r);
+    memset(r2, 0, sizeof r2);
+    char name[32];
+    for (int i = 0; i < NQ; i++) {
+        snprintf(name, sizeof name, "q%d", i);
+        qs[i] = fqt_queue(e, name, 1 + i % 3);
+        if (i % 4 == 1) CHECK_OK(fq_queue_set_suspended(qs[i], true));
+        if (i % 4 == 3) continue; /* idle */
+        for (int k = 0; k < PER; k++) {
+            r[i][k].tag = i * PER + k;
+            REQUIRE(fqt_block(qs[i], body_tag, NULL, rec_done, &r[i][k]) > 0);
+        }
+    }
+    snprintf(name, sizeof name, "q%d", 5);
+    CHECK_EQ_INT(fq_queue_new(e, name, 1) == NULL, 1); /* the name is taken */
+    /* Free the even queues: their work not started yet is cancelled, and
+     * their names are free again at once. */
+    for (int i = 0; i < NQ; i += 2) fq_queue_free(qs[i]);
+    for (int i = 0; i < NQ / 2; i++) {
+        snprintf(name, sizeof name, "q%d", 2 * i);
+        again[i] = fqt_queue(e, name, 1);
+        r2[i].tag = -i;
+        REQUIRE(fqt_block(again[i], body_tag, NULL, rec_done, &r2[i]) > 0);
+    }
+    for (int i = 1; i < NQ; i += 4) CHECK_OK(fq_queue_set_suspended(qs[i], false));
+    CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));
+    for (int i = 0; i < NQ; i++) {
+        if (i % 4 == 3) continue;
+        for (int k = 0; k < PER; k++) {
+            CHECK_EQ_INT(atomic_load(&r[i][k].calls), 1);
+            if (i % 2 == 1) CHECK_EQ_INT(r[i][k].outcome, FQ_SUCCEEDED);
+            if (r[i][k].outcome == FQ_SUCCEEDED) CHECK_EQ_INT(json_integer_value(json_object_get(r[i][k].value, "tag")), i * PER + k);
+        }
+    }
+    for (int i = 0; i < NQ / 2; i++) {
+        CHECK_EQ_INT(atomic_load(&r2[i].calls), 1);
+        CHECK_EQ_INT(r2[i].outcome, FQ_SUCCEEDED);
+        CHECK_EQ_INT(json_integer_value(json_object_get(r2[i].value, "tag")), -i);
+    }
+    for (int i = 0; i < NQ; i++)
+        for (int k = 0; k < PER; k++) rec_clear(&r[i][k]);
+    for (int i = 0; i < NQ / 2; i++) rec_clear(&r2[i]);
+    fqt_engine_free(e);
+}

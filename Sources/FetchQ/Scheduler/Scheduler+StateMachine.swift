@@ -251,6 +251,9 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         var laneByHost: [Int32] = []
         var lanes: [Int32] = []
         var readyCount = 0
+        /// Index in `activeQueues` (-1: not there) and in `queueOrder`.
+        var activeAt: Int32 = -1
+        var orderAt: Int32 = -1
         /// Unfinished operations, oldest first (a list through `Op.prev/next`).
         var head: Int32 = -1
         var tail: Int32 = -1
@@ -315,8 +318,13 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
     private var rateWake: UInt64? = nil
     private var nextOpID: OpID = 1
     private var nextSeq: UInt64 = 0
-    /// Open queue ids in creation order.
+    /// Queue ids not yet forgotten, in no particular order (`Queue.orderAt`).
     private var queueOrder: [QueueID] = []
+    /// Queues with ready operations (`Queue.activeAt`): all that `schedule`
+    /// looks at, so that idle queues cost nothing.
+    private var activeQueues: [QueueID] = []
+    /// Open queues by name.
+    private var queueByName: [String: QueueID] = [:]
     /// Queues forgotten (closed, then done), oldest first: their ids may be
     /// given to new queues, so that a program making and freeing queues
     /// does not grow `queues` for ever.
@@ -493,12 +501,48 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
             queues.append(Queue(name: name, maxConcurrent: maxConcurrent))
             id = queues.count - 1
         }
+        queues[id].orderAt = Int32(queueOrder.count)
         queueOrder.append(id)
+        queueByName[name] = id
         return id
     }
 
-    func queueNamed(_ name: String) -> QueueID? {
-        queueOrder.first { queues[$0].name == name && !queues[$0].closed }
+    func queueNamed(_ name: String) -> QueueID? { queueByName[name] }
+
+    /// Removes `q` from `activeQueues` (`active`) or `queueOrder` in O(1):
+    /// the last id takes its place.
+    private mutating func removeQueue(_ q: QueueID, active: Bool) {
+        let i = Int(active ? queues[q].activeAt : queues[q].orderAt)
+        guard i >= 0 else { return }
+        if active {
+            let last = activeQueues.removeLast()
+            if last != q {
+                activeQueues[i] = last
+                queues[last].activeAt = Int32(i)
+            }
+            queues[q].activeAt = -1
+        } else {
+            let last = queueOrder.removeLast()
+            if last != q {
+                queueOrder[i] = last
+                queues[last].orderAt = Int32(i)
+            }
+            queues[q].orderAt = -1
+        }
+    }
+
+    /// `queues[q].readyCount += delta`, keeping `activeQueues` to the queues
+    /// with ready operations.
+    @inline(__always)
+    private mutating func countReady(_ q: QueueID, _ delta: Int) {
+        let was = queues[q].readyCount
+        queues[q].readyCount = was + delta
+        if was == 0 && delta > 0 {
+            queues[q].activeAt = Int32(activeQueues.count)
+            activeQueues.append(q)
+        } else if was + delta == 0 {
+            removeQueue(q, active: true)
+        }
     }
 
     mutating func setMaxConcurrent(_ queue: QueueID, _ n: Int, now: UInt64) -> [Action] {
@@ -525,6 +569,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         guard queueExists(queue) else { return [] }
         queues[queue].closed = true
         queues[queue].suspended = false
+        if queueByName[queues[queue].name] == queue { queueByName[queues[queue].name] = nil }
         let notStarted = unfinished(of: queue).filter { liveSlot($0).map { slots[$0].state != .running } ?? false }
         let actions = cancelMany(notStarted, sorted: true, now: now).actions
         removeQueueIfDone(queue)
@@ -543,7 +588,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
             }
             queues[queue].lanes = []
             queues[queue].laneByHost = []
-            queueOrder.removeAll { $0 == queue }
+            removeQueue(queue, active: false)
             forgottenQueues.append(queue)
         }
     }
@@ -876,14 +921,22 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         // Highest id first: dependents are usually submitted after their
         // dependencies, so each reports its own cancellation rather than a
         // dependency failure.
+        var touched: [QueueID] = []
         for id in sorted ? ids : ids.sorted(by: >) {
             guard let s = liveSlot(id), !slots[s].cancelRequested else { continue }
             count += 1
+            if touched.last != slots[s].queue { touched.append(slots[s].queue) }
             cancelOne(s, now: now, into: &actions)
         }
-        for q in queueOrder where queues[q].readyCount == 0 { dropStaleEntries(q) }
+        if touched.count > 1 { touched = Self.uniqueQueues(touched) }
+        for q in touched where queueExists(q) && queues[q].readyCount == 0 { dropStaleEntries(q) }
         schedule(now: now, into: &actions)
         return (count, actions)
+    }
+
+    private static func uniqueQueues(_ ids: [QueueID]) -> [QueueID] {
+        var seen = Set<QueueID>()
+        return ids.filter { seen.insert($0).inserted }
     }
 
     /// A queue with nothing ready holds only stale FIFO entries (cancelled
@@ -990,7 +1043,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         let state = slots[s].state
         guard state != .running, state != .attached, state != .finished else { return false }
         let q = slots[s].queue
-        if state == .ready { queues[q].readyCount -= 1 }
+        if state == .ready { countReady(q, -1) }
         countQueued(q, -1, isInternal: slots[s].isInternal)
         // No longer live from here on: `retire` books it (a cascade must
         // not end it twice through a second failed dependency).
@@ -1174,7 +1227,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
     private mutating func makeReady(_ s: Int, now: UInt64) {
         slots[s].state = .ready
         slots[s].readySince = now
-        queues[slots[s].queue].readyCount += 1
+        countReady(slots[s].queue, 1)
         enqueueReady(s)
     }
 
@@ -1206,7 +1259,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
 
     private mutating func unready(_ s: Int) {
         slots[s].state = .waiting  // its FIFO entry goes stale
-        queues[slots[s].queue].readyCount -= 1
+        countReady(slots[s].queue, -1)
     }
 
     private struct Candidate {
@@ -1316,11 +1369,11 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         rateWake = nil
         while true {
             var best: Candidate? = nil
-            // By index: `for q in queueOrder` kept a reference to the array
-            // for the loop (bestCandidate mutates self).
+            // By index: `for q in activeQueues` kept a reference to the
+            // array for the loop (bestCandidate mutates self).
             var i = 0
-            while i < queueOrder.count {
-                let q = queueOrder[i]
+            while i < activeQueues.count {
+                let q = activeQueues[i]
                 i += 1
                 guard isEligible(q) else { continue }
                 if let candidate = bestCandidate(in: q, now: now),
@@ -1339,7 +1392,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
             var payloads: [Dependency] = []
             if slots[s].links >= 0 { swap(&payloads, &linkTable[Int(slots[s].links)].dependencyPayloads) }
             let q = chosen.queue
-            queues[q].readyCount -= 1
+            countReady(q, -1)
             countQueued(q, -1, isInternal: slots[s].isInternal)
             queues[q].counters.running += 1
             counters.running += 1
