@@ -370,17 +370,25 @@ extension NetworkJob {
 
     /// Keys and values go to jansson through withCString: passing a short
     /// Swift String where C wants a pointer built a heap copy for each.
+    /// A name's repeated values are joined once they are all known:
+    /// joining as each came copied the whole joined string each time.
     static func headers(_ list: [(name: String, value: String)]) -> JSONRef {
         let object = JSONRef.object()
+        var repeated: [String: [String]] = [:]
         for (name, value) in list {
-            name.lowercased().withCString { key in
-                if let existing = json_object_get(object.pointer, key) {
-                    (jsonString(existing) + ", " + value).withCString {
-                        _ = json_object_set_new(object.pointer, key, json_string($0))
-                    }
-                } else {
-                    value.withCString { _ = json_object_set_new(object.pointer, key, json_string($0)) }
-                }
+            let key = name.lowercased()
+            if repeated[key] != nil {
+                repeated[key]!.append(value)
+            } else if key.withCString({ json_object_get(object.pointer, $0) }) != nil {
+                repeated[key] = [value]
+            } else {
+                key.withCString { k in value.withCString { _ = json_object_set_new(object.pointer, k, json_string($0)) } }
+            }
+        }
+        for (key, more) in repeated {
+            key.withCString { k in
+                let joined = ([jsonString(json_object_get(object.pointer, k))] + more).joined(separator: ", ")
+                joined.withCString { _ = json_object_set_new(object.pointer, k, json_string($0)) }
             }
         }
         return object

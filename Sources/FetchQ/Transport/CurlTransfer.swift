@@ -278,9 +278,17 @@ final class CurlTransfer: @unchecked Sendable {
 
         // Headers. "Name:" would make curl remove the header, so an empty value
         // uses curl's "Name;" form.
+        // Appended at the tail: curl_slist_append walks the list it is given
+        // to its end, so a request with n headers took n²/2 steps.
         var list: UnsafeMutablePointer<curl_slist>?
+        var tail: UnsafeMutablePointer<curl_slist>?
         func add(_ line: String) {
-            if let grown = curl_slist_append(list, line) { list = grown } else { failure = failure ?? "out of memory" }
+            guard let grown = curl_slist_append(tail, line) else {
+                failure = failure ?? "out of memory"
+                return
+            }
+            if list == nil { list = grown }
+            tail = tail == nil ? grown : tail!.pointee.next
         }
         var hasContentType = false
         var hasExpect = false
