@@ -303,6 +303,26 @@ import Testing
         #expect(m.readyEntries == 0)
     }
 
+    @Test func changingAPriorityAgainAndAgainKeepsTheFIFOsBounded() {
+        // Each change left a stale entry behind while the queue had other
+        // ready operations: 10 M changes of one operation held 300 MB (the
+        // fifth review). The FIFOs are compacted; the order still holds.
+        var m = Machine()
+        let q = m.addQueue(name: "q", maxConcurrent: 1)
+        _ = m.setSuspended(q, true, now: 0)
+        let (a, _) = submit(&m, q)
+        let (b, _) = submit(&m, q, priority: .low)
+        for i in 0..<20_000 {
+            _ = m.setPriority(b, i % 2 == 0 ? .veryHigh : .veryLow, now: 0)
+            #expect(m.readyEntries <= 2 + 1_024 + 2)
+        }
+        // b ended at .veryLow: a (normal) starts first, then b, once each.
+        #expect(started(m.setSuspended(q, false, now: 0)) == [a])
+        #expect(started(m.finished(a, .succeeded, payload: nil, now: 0)) == [b])
+        #expect(started(m.finished(b, .succeeded, payload: nil, now: 0)) == [])
+        #expect(m.readyEntries == 0)
+    }
+
     @Test func longFailureChainDoesNotRecurse() {
         var m = Machine(config: .init(agingNanos: 0, maxPerHost: 6, history: 0))
         let q = m.addQueue(name: "q", maxConcurrent: 1)

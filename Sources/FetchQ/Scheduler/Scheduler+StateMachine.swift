@@ -254,6 +254,9 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         /// Index in `activeQueues` (-1: not there) and in `queueOrder`.
         var activeAt: Int32 = -1
         var orderAt: Int32 = -1
+        /// FIFO entries made stale since the queue's FIFOs were last
+        /// compacted (see `noteStale`).
+        var staleEntries = 0
         /// Unfinished operations, oldest first (a list through `Op.prev/next`).
         var head: Int32 = -1
         var tail: Int32 = -1
@@ -542,6 +545,10 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
             activeQueues.append(q)
         } else if was + delta == 0 {
             removeQueue(q, active: true)
+            // Whatever its FIFOs still hold is stale: dropped now, as
+            // `schedule` no longer looks at the queue.
+            queues[q].staleEntries = 0
+            dropStaleEntries(q)
         }
     }
 
@@ -872,6 +879,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         if slots[s].state == .ready {
             // The old FIFO entry goes stale (its level no longer matches).
             enqueueReady(s)
+            noteStale(slots[s].queue)
         }
         var actions: [Action] = []
         schedule(now: now, into: &actions)
@@ -1260,6 +1268,38 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
     private mutating func unready(_ s: Int) {
         slots[s].state = .waiting  // its FIFO entry goes stale
         countReady(slots[s].queue, -1)
+        noteStale(slots[s].queue)
+    }
+
+    /// A FIFO entry of `q` went stale. Stale entries are dropped when they
+    /// reach the front, or all at once when nothing is ready; a queue that
+    /// always has something ready (an operation's priority changed again
+    /// and again) compacts its FIFOs once they hold more stale entries than
+    /// ready ones, so that they stay within twice what is ready.
+    private mutating func noteStale(_ q: QueueID) {
+        queues[q].staleEntries += 1
+        guard queues[q].staleEntries > queues[q].readyCount + 1024 else { return }
+        queues[q].staleEntries = 0
+        var seen = Set<OpID>()
+        for lane in queues[q].lanes {
+            for slot in 0..<25 {
+                let r = Int(lane) * 25 + slot
+                guard !rings[r].isEmpty else { continue }
+                var kept = Ring<ReadyEntry>()
+                while let entry = rings[r].first {
+                    rings[r].removeFirst()
+                    let s = Int(entry.slot)
+                    if slots[s].id == entry.id && slots[s].state == .ready && Int(slots[s].level) == slot / 5
+                        && seen.insert(entry.id).inserted
+                    {
+                        kept.append(entry)
+                    }
+                }
+                rings[r] = kept
+                if kept.isEmpty { lanes[Int(lane)].mask &= ~(1 << UInt32(slot)) }
+            }
+        }
+        releaseEmptyLanes(of: q)
     }
 
     private struct Candidate {
