@@ -569,10 +569,14 @@ fq_op_id fq_submit_async(fq_queue *queue, fq_async_fn fn, const json_t *options,
  *              and appended to the URL
  *   "body"     a string (sent as is), or any other JSON value (serialized
  *              and sent with Content-Type: application/json unless set).
- *              Over https:// a body over 64 KiB is sent over HTTP/1.1 even
- *              when the server offers HTTP/2: libcurl 7.88 over HTTP/2 waits
- *              for flow-control window to send the rest of a body that the
- *              server answered without reading, until "timeout_ms"
+ *              Over https:// a body of 64 KiB or more is sent over HTTP/1.1
+ *              even when the server offers HTTP/2, on a connection of its
+ *              own that is not kept: libcurl 7.88 over HTTP/2 waits for
+ *              flow-control window to send the rest of a body that the
+ *              server answered without reading, until "timeout_ms" (for
+ *              ever with 0). A server that grants a stream less than
+ *              HTTP/2's default window of 65535 bytes can still cause that
+ *              wait for a smaller body it does not read
  * Extra options: "parse": "auto" (default: parse when the response's
  * Content-Type is application/json, application/...+json, text/json or
  * application/x-json, parameters and case aside) | "json" (always; invalid

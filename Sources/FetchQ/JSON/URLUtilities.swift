@@ -87,6 +87,19 @@ public enum URLUtilities {
         return String(decoding: bytes[..<start] + bytes[(at + 1)...], as: UTF8.self)
     }
 
+    /// The userinfo of an absolute URL (`user:password`), nil without one.
+    public static func userinfo(of url: String) -> String? {
+        let bytes = Array(url.utf8)
+        guard let (start, at) = userinfo(bytes) else { return nil }
+        return String(decoding: bytes[start..<at], as: UTF8.self)
+    }
+
+    /// `url` (an absolute URL without userinfo) with `info@` before its host.
+    public static func addingUserinfo(_ info: String, to url: String) -> String {
+        guard let scheme = url.firstRange(of: "://") else { return url }
+        return String(url[..<scheme.upperBound]) + info + "@" + String(url[scheme.upperBound...])
+    }
+
     /// Where the userinfo of an absolute URL starts, and the index of the
     /// `@` that ends it; nil without one.
     private static func userinfo(_ bytes: [UInt8]) -> (start: Int, at: Int)? {

@@ -281,13 +281,13 @@ extension NetworkJob {
                             what = "out of memory parsing the response (\(response.body.count) bytes)"
                             parseStatus = .noMemory
                         default:
-                            // jansson's message would quote the invisible U+FEFF.
-                            what = response.body.starts(with: [0xEF, 0xBB, 0xBF])
-                                ? "the response is not valid JSON: it starts with a UTF-8 byte order mark, "
-                                    + "which JSON does not allow (RFC 8259 §8.1)"
-                                : "the response is not valid JSON"
+                            what = "the response is not valid JSON"
                         }
-                        parseError = "\(request.method) \(URLUtilities.redactingPassword(request.url)): \(what): \(error)"
+                        // jansson's message would quote the invisible U+FEFF.
+                        let detail = what == "the response is not valid JSON" && response.body.starts(with: [0xEF, 0xBB, 0xBF])
+                            ? ": it starts with a UTF-8 byte order mark, which JSON does not allow (RFC 8259 §8.1)"
+                            : ": \(error)"
+                        parseError = "\(request.method) \(URLUtilities.redactingPassword(request.url)): \(what)\(detail)"
                     }
                 }
             }

@@ -210,9 +210,15 @@ final class CurlTransfer: @unchecked Sendable {
         // libcurl 7.88 waits for window to send the rest of a body even
         // after the server answered without reading it (nginx's 200 to an
         // upload it ignores), until timeout_ms, and the answer is lost.
+        // Its connection is not kept: libcurl would give it to the next
+        // requests to the host, over HTTP/1.1 too.
         let windowBytes = 65_535
-        long(CURLOPT_HTTP_VERSION, (r.body?.count ?? 0) > windowBytes ? CURL_HTTP_VERSION_1_1 : CURL_HTTP_VERSION_2TLS,
-             "HTTP_VERSION")
+        if (r.body?.count ?? 0) > windowBytes {
+            long(CURLOPT_HTTP_VERSION, CURL_HTTP_VERSION_1_1, "HTTP_VERSION")
+            long(CURLOPT_FORBID_REUSE, 1, "FORBID_REUSE")
+        } else {
+            long(CURLOPT_HTTP_VERSION, CURL_HTTP_VERSION_2TLS, "HTTP_VERSION")
+        }
         // Over TLS, wait for a connection being set up to the same host (ALPN tells
         // within the handshake whether it multiplexes) rather than opening another.
         // Not for cleartext: HTTP/1.1 is only known once a response arrives, so a
@@ -675,8 +681,10 @@ final class CurlTransfer: @unchecked Sendable {
     /// does for the hops it follows, Authorization and Cookie headers are
     /// not sent to another scheme, host or port; `maxRedirects`, `timeoutMs`
     /// and the http/https restriction count across all hops.
-    /// The origin of the request before the redirects followed here.
+    /// The origin of the request before the redirects followed here, and
+    /// the userinfo of its URL.
     private var firstOrigin: String?
+    private var firstUserinfo: String?
 
     func nextHop() -> Hop? {
         guard let easy else { return nil }
@@ -707,6 +715,13 @@ final class CurlTransfer: @unchecked Sendable {
                 message: "Maximum (\(request.maxRedirects)) redirects followed (curl error 47) after \(hops) redirect\(hops == 1 ? "" : "s"), at \(place)",
                 curlCode: 47))
         }
+        if target.utf8.contains(where: { $0 < 0x20 || $0 == 0x7F }) {
+            // (libcurl: "could not be parsed" for GET and POST)
+            return .fail(TransportError(
+                kind: .network,
+                message: "\(place) redirects (\(status)) to a Location with a control character: "
+                    + Self.escapingControls(Self.redacted(target))))
+        }
         guard URLUtilities.hostOf(url: target) != nil else {
             return .fail(TransportError(
                 kind: .network,
@@ -719,11 +734,21 @@ final class CurlTransfer: @unchecked Sendable {
                 message: "Operation timed out after \(spent) milliseconds, following a redirect (\(status)) at \(place)",
                 curlCode: 28))
         }
-        if hops == 0 { firstOrigin = Self.origin(of: request.url) }
+        if hops == 0 {
+            firstOrigin = Self.origin(of: request.url)
+            firstUserinfo = URLUtilities.userinfo(of: request.url)
+        }
         var next = request
         // As libcurl does for the redirects it follows: credentials go only
-        // to the first request's origin, those in a Location included.
-        next.url = Self.origin(of: target) == firstOrigin ? target : URLUtilities.removingUserinfo(target)
+        // to the first request's origin, those in a Location included, and
+        // the first URL's go on to a Location there that has none.
+        if Self.origin(of: target) != firstOrigin {
+            next.url = URLUtilities.removingUserinfo(target)
+        } else if let firstUserinfo, URLUtilities.userinfo(of: target) == nil {
+            next.url = URLUtilities.addingUserinfo(firstUserinfo, to: target)
+        } else {
+            next.url = target
+        }
         if status == 303 {
             next.method = "GET"
             next.body = nil
@@ -779,6 +804,20 @@ final class CurlTransfer: @unchecked Sendable {
     private func microseconds(_ easy: UnsafeMutableRawPointer, _ info: CURLINFO) -> Double {
         var value: curl_off_t = 0
         return fqc_easy_getinfo_off(easy, info, &value) == CURLE_OK ? Double(value) : 0
+    }
+
+    /// `text` with each control character written `\xHH`.
+    static func escapingControls(_ text: String) -> String {
+        var out = ""
+        for scalar in text.unicodeScalars {
+            if scalar.value < 0x20 || scalar.value == 0x7F {
+                let hex = String(scalar.value, radix: 16, uppercase: true)
+                out += "\\x" + (hex.count < 2 ? "0" : "") + hex
+            } else {
+                out.unicodeScalars.append(scalar)
+            }
+        }
+        return out
     }
 
     /// The URL with any user:password hidden, for messages.

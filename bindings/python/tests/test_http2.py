@@ -131,6 +131,16 @@ def test_a_body_over_the_stream_window_is_sent_over_http1(nginx_h2: Tuple[str, s
         for f in big:
             r = f.result(timeout=TIMEOUT)
             assert (r.status, r.metrics["http_version"], r.json()["served_by"]) == (200, "1.1", "nginx")
+    # A big body first: its HTTP/1.1 connection is not kept, so the small
+    # requests after it still go over HTTP/2 (libcurl gave them that
+    # connection, the review of the session's own changes).
+    with fetchq.Engine(ca_file=cert, timeout_ms=5000) as engine:
+        q = engine.queue("h2-up-first", max_concurrent=8)
+        r = q.request("POST", base + "/b", data="z" * 65536).result(timeout=TIMEOUT)
+        assert (r.status, r.metrics["http_version"]) == (200, "1.1")
+        for _ in range(3):
+            assert q.get(base + "/after").result(timeout=TIMEOUT).metrics["http_version"] == "2"
+            assert q.request("POST", base + "/p", data="small").result(timeout=TIMEOUT).metrics["http_version"] == "2"
 
 
 def test_the_self_signed_certificate_is_refused_without_its_ca(nginx_h2: Tuple[str, str]) -> None:
