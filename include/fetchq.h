@@ -484,8 +484,9 @@ fq_op_id fq_submit_async(fq_queue *queue, fq_async_fn fn, const json_t *options,
  *                headers, limits, "retry" and progress setting) shares its
  *                transfer:
  *                the server sees one request; each operation still gets its
- *                own callback and result (an operation that shares another's
- *                transfer does not wait for an open barrier of its queue). The first caller runs the shared
+ *                own callback and result (an operation that shares the transfer of
+ *                one in another queue does not wait for an open barrier of
+ *                its own queue). The first caller runs the shared
  *                transfer in its queue (the others hold no slot) at the
  *                highest priority of its callers (fq_set_priority on the
  *                first caller does not take it below the others'). Cancelling

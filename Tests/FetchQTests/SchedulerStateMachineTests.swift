@@ -314,13 +314,32 @@ import Testing
         let (b, _) = submit(&m, q, priority: .low)
         for i in 0..<20_000 {
             _ = m.setPriority(b, i % 2 == 0 ? .veryHigh : .veryLow, now: 0)
-            #expect(m.readyEntries <= 2 + 1_024 + 2)
+            #expect(m.readyEntries <= 2 + 1_024 + 4)  // ready, stale, b's place at the level it left
         }
         // b ended at .veryLow: a (normal) starts first, then b, once each.
         #expect(started(m.setSuspended(q, false, now: 0)) == [a])
         #expect(started(m.finished(a, .succeeded, payload: nil, now: 0)) == [b])
         #expect(started(m.finished(b, .succeeded, payload: nil, now: 0)) == [])
         #expect(m.readyEntries == 0)
+    }
+
+    @Test func anOperationMovedBackTakesItsOldPlaceAfterTheFIFOsWereCompacted() {
+        // The compaction kept only entries at each operation's current
+        // level: A1, moved to high and back, lost its place to A2 and A3
+        // (the review of the session's own changes).
+        var m = Machine()
+        let q = m.addQueue(name: "q", maxConcurrent: 1)
+        _ = m.setSuspended(q, true, now: 0)
+        let a = (0..<3).map { _ in submit(&m, q).0 }
+        let (y, _) = submit(&m, q, priority: .low)
+        _ = m.setPriority(a[0], .high, now: 0)
+        for i in 0..<3_000 { _ = m.setPriority(y, i % 2 == 0 ? .veryLow : .low, now: 0) }
+        _ = m.setPriority(a[0], .normal, now: 0)
+        var order = started(m.setSuspended(q, false, now: 0))
+        while let last = order.last, order.count < 4 {
+            order += started(m.finished(last, .succeeded, payload: nil, now: 0))
+        }
+        #expect(order == a + [y])
     }
 
     @Test func longFailureChainDoesNotRecurse() {

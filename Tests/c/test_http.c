@@ -1707,6 +1707,42 @@ TEST(http_a_shared_gets_carrier_does_not_wait_for_a_barrier_waiting_for_its_call
     fqt_server_stop(&s);
 }
 
+/* A barrier, then two identical GETs: the second shares the first's
+ * transfer. The first cancelled, the carrier queued for the second waits
+ * for the barrier, as both GETs did (the carrier had skipped every barrier:
+ * the review of the session's own changes). */
+TEST(http_a_carrier_for_callers_after_a_barrier_waits_for_it) {
+    fqt_server s;
+    fqt_server_start(&s, NULL);
+    fq_engine *e = fqt_engine(NULL);
+    fq_queue *q = fqt_queue(e, "q", 4);
+    char url[256], req[400];
+    fqt_url(&s, "/json?n=2", url, sizeof url);
+    snprintf(req, sizeof req, "{\"url\": \"%s\"}", url);
+    rec barrier = {0}, first = {0}, second = {0};
+    REQUIRE(fqt_async(q, body_async_capture, "{\"barrier\": true}", rec_done, &barrier) > 0);
+    REQUIRE(WAIT_UNTIL(atomic_load(&barrier.op) != NULL, FQT_LONG_MS));
+    fq_op_id g1 = fqt_request(q, req, NULL, rec_done, &first);
+    REQUIRE(g1 > 0);
+    REQUIRE(fqt_request(q, req, NULL, rec_done, &second) > 0);
+    CHECK_OK(fq_cancel(e, g1));
+    CHECK(WAIT_UNTIL(atomic_load(&first.calls) == 1, FQT_LONG_MS));
+    CHECK_EQ_INT(fq_queue_wait(q, 300), FQ_ERR_TIMEOUT); /* the barrier still runs */
+    CHECK_EQ_INT(atomic_load(&second.calls), 0);
+    CHECK_EQ_INT(fqt_finish_in_thread(atomic_load(&barrier.op), json_integer(1), NULL), FQ_OK);
+    CHECK_OK(fq_queue_wait(q, FQT_LONG_MS));
+    CHECK_EQ_INT(first.outcome, FQ_CANCELLED);
+    CHECK_EQ_INT(barrier.outcome, FQ_SUCCEEDED);
+    CHECK_EQ_INT(atomic_load(&second.calls), 1);
+    CHECK_EQ_INT(second.outcome, FQ_SUCCEEDED);
+    CHECK(barrier.done_seq < second.done_seq);
+    rec_clear(&barrier);
+    rec_clear(&first);
+    rec_clear(&second);
+    fqt_engine_free(e);
+    fqt_server_stop(&s);
+}
+
 TEST(http_coalesced_gets_exactly_once_under_cancels) {
     fqt_server s;
     fqt_server_start(&s, NULL);

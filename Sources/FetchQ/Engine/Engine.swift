@@ -549,6 +549,7 @@ public final class Engine: @unchecked Sendable {
             spec.qos = caller.qos
             spec.host = job.host
             spec.isInternal = true
+            spec.carried = shared.callers.map(\.id)
             spec.id = newID()
             if shared.maxWaitMs > 0 {
                 spec.startDeadline = shared.callers[0].submittedAt + UInt64(shared.maxWaitMs) * 1_000_000

@@ -107,6 +107,9 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         /// Shares another operation's transfer: never takes a slot; the
         /// runtime ends it. Takes no dependencies, barrier or host.
         var attached = false
+        /// An internal carrier's callers (attached): it waits for an open
+        /// barrier of its queue unless the barrier waits for one of them.
+        var carried: [OpID] = []
         /// The runtime's object, kept until the operation ends.
         var owner: Owner? = nil
         /// The id, when the runtime hands ids out itself (it must then
@@ -323,8 +326,9 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
     private var nextSeq: UInt64 = 0
     /// Queue ids not yet forgotten, in no particular order (`Queue.orderAt`).
     private var queueOrder: [QueueID] = []
-    /// Queues with ready operations (`Queue.activeAt`): all that `schedule`
-    /// looks at, so that idle queues cost nothing.
+    /// Queues with ready operations, not suspended (`Queue.activeAt`): all
+    /// that `schedule` looks at, so that idle and suspended queues cost
+    /// nothing.
     private var activeQueues: [QueueID] = []
     /// Open queues by name.
     private var queueByName: [String: QueueID] = [:]
@@ -534,15 +538,20 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         }
     }
 
+    private mutating func makeActive(_ q: QueueID) {
+        guard queues[q].activeAt < 0 else { return }
+        queues[q].activeAt = Int32(activeQueues.count)
+        activeQueues.append(q)
+    }
+
     /// `queues[q].readyCount += delta`, keeping `activeQueues` to the queues
-    /// with ready operations.
+    /// with ready operations that are not suspended.
     @inline(__always)
     private mutating func countReady(_ q: QueueID, _ delta: Int) {
         let was = queues[q].readyCount
         queues[q].readyCount = was + delta
         if was == 0 && delta > 0 {
-            queues[q].activeAt = Int32(activeQueues.count)
-            activeQueues.append(q)
+            if !queues[q].suspended { makeActive(q) }
         } else if was + delta == 0 {
             removeQueue(q, active: true)
             // Whatever its FIFOs still hold is stale: dropped now, as
@@ -563,6 +572,11 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
     mutating func setSuspended(_ queue: QueueID, _ suspended: Bool, now: UInt64) -> [Action] {
         guard queueExists(queue) else { return [] }
         queues[queue].suspended = suspended
+        if suspended {
+            removeQueue(queue, active: true)
+        } else if queues[queue].readyCount > 0 {
+            makeActive(queue)
+        }
         var actions: [Action] = []
         if !suspended { schedule(now: now, into: &actions) }
         return actions
@@ -576,6 +590,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         guard queueExists(queue) else { return [] }
         queues[queue].closed = true
         queues[queue].suspended = false
+        if queues[queue].readyCount > 0 { makeActive(queue) }
         if queueByName[queues[queue].name] == queue { queueByName[queues[queue].name] = nil }
         let notStarted = unfinished(of: queue).filter { liveSlot($0).map { slots[$0].state != .running } ?? false }
         let actions = cancelMany(notStarted, sorted: true, now: now).actions
@@ -643,10 +658,10 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
                 other = slots[Int(other)].prev
             }
             queues[q].openBarrier = id
-        } else if let barrier = queues[q].openBarrier, let b = liveSlot(barrier), !spec.isInternal {
-            // Not a carrier: it runs the transfer of callers that hold no
-            // slot and never waited for a barrier, and the open barrier may
-            // be waiting for those callers.
+        } else if let barrier = queues[q].openBarrier, let b = liveSlot(barrier),
+                  !(spec.isInternal && barrierWaits(barrier, forAnyOf: spec.carried)) {
+            // A carrier behind a barrier that waits for its callers would
+            // wait for itself.
             link(s, after: b, edge: .order)
         }
         for dep in spec.collects {
@@ -681,6 +696,16 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
             if isEligible(q) { schedule(now: now, into: &actions) }
         }
         return .success(id)
+    }
+
+    /// Whether the barrier `barrier` waits for one of `ids` (it waits for
+    /// everything before it in its queue: each of those lists it among its
+    /// dependents).
+    private func barrierWaits(_ barrier: OpID, forAnyOf ids: [OpID]) -> Bool {
+        ids.contains { id in
+            guard let s = liveSlot(id), slots[s].links >= 0 else { return false }
+            return linkTable[Int(slots[s].links)].dependents.contains { $0.id == barrier }
+        }
     }
 
     /// Links slot `s` after its strict dependencies (each live or
@@ -1275,12 +1300,13 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
     /// reach the front, or all at once when nothing is ready; a queue that
     /// always has something ready (an operation's priority changed again
     /// and again) compacts its FIFOs once they hold more stale entries than
-    /// ready ones, so that they stay within twice what is ready.
+    /// ready ones: each ready operation keeps one entry per level it has
+    /// been at (its old place, should it come back), the rest goes.
     private mutating func noteStale(_ q: QueueID) {
         queues[q].staleEntries += 1
         guard queues[q].staleEntries > queues[q].readyCount + 1024 else { return }
         queues[q].staleEntries = 0
-        var seen = Set<OpID>()
+        var seen = Set<SIMD2<Int64>>()  // (id, FIFO): one entry each
         for lane in queues[q].lanes {
             for slot in 0..<25 {
                 let r = Int(lane) * 25 + slot
@@ -1288,9 +1314,11 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
                 var kept = Ring<ReadyEntry>()
                 while let entry = rings[r].first {
                     rings[r].removeFirst()
+                    // An entry at a level its operation has left stays: moved
+                    // back there, the operation takes its old place again.
                     let s = Int(entry.slot)
-                    if slots[s].id == entry.id && slots[s].state == .ready && Int(slots[s].level) == slot / 5
-                        && seen.insert(entry.id).inserted
+                    if slots[s].id == entry.id && slots[s].state == .ready
+                        && seen.insert(SIMD2(entry.id, Int64(r))).inserted
                     {
                         kept.append(entry)
                     }
