@@ -925,9 +925,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
             return .failure(FetchQError(.notFound, "no operation \(id)"))
         }
         var actions: [Action] = []
-        let q = slots[s].queue
         cancelOne(s, now: now, into: &actions)
-        if queues[q].readyCount == 0 { dropStaleEntries(q) }
         schedule(now: now, into: &actions)
         return .success(actions)
     }
@@ -954,27 +952,19 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         // Highest id first: dependents are usually submitted after their
         // dependencies, so each reports its own cancellation rather than a
         // dependency failure.
-        var touched: [QueueID] = []
         for id in sorted ? ids : ids.sorted(by: >) {
             guard let s = liveSlot(id), !slots[s].cancelRequested else { continue }
             count += 1
-            if touched.last != slots[s].queue { touched.append(slots[s].queue) }
             cancelOne(s, now: now, into: &actions)
         }
-        if touched.count > 1 { touched = Self.uniqueQueues(touched) }
-        for q in touched where queueExists(q) && queues[q].readyCount == 0 { dropStaleEntries(q) }
         schedule(now: now, into: &actions)
         return (count, actions)
     }
 
-    private static func uniqueQueues(_ ids: [QueueID]) -> [QueueID] {
-        var seen = Set<QueueID>()
-        return ids.filter { seen.insert($0).inserted }
-    }
-
     /// A queue with nothing ready holds only stale FIFO entries (cancelled
-    /// while ready): drop them now rather than when the queue next starts
-    /// something, so a cancel-all of a large backlog gives its memory back.
+    /// while ready): `countReady` drops them as the count reaches 0, rather
+    /// than when the queue next starts something, so a cancel-all of a
+    /// large backlog gives its memory back.
     private mutating func dropStaleEntries(_ q: QueueID) {
         for lane in queues[q].lanes where lanes[Int(lane)].mask != 0 {
             for slot in 0..<25 where !rings[Int(lane) * 25 + slot].isEmpty {
