@@ -342,6 +342,60 @@ import Testing
         #expect(order == a + [y])
     }
 
+    @Test(arguments: [false, true])
+    func addDependencyFindsEveryCycleAgainstAReferenceGraph(withBarriers: Bool) {
+        // The cycle check walks from both ends while no barrier is live:
+        // each answer is compared with a search of the edges this test keeps
+        // itself (with barriers, the walk from one end only).
+        var m = Machine()
+        var rng = SplitMix(seed: withBarriers ? 7 : 3)
+        let queues = (0..<3).map { m.addQueue(name: "q\($0)", maxConcurrent: 1) }
+        for q in queues { _ = m.setSuspended(q, true, now: 0) }
+        var ids: [OpID] = []
+        var waitsFor: [OpID: Set<OpID>] = [:]  // id -> what it waits for
+        var inQueue: [[OpID]] = [[], [], []]
+        var openBarrier: [OpID?] = [nil, nil, nil]
+        for i in 0..<200 {
+            let qi = i % 3
+            let isBarrier = withBarriers && i % 50 == 25
+            let (id, _) = submit(&m, queues[qi], barrier: isBarrier)
+            // A barrier waits for what came before it in its queue, and
+            // what comes after it waits for it (nothing ends here).
+            if isBarrier {
+                waitsFor[id] = Set(inQueue[qi])
+                openBarrier[qi] = id
+            } else {
+                waitsFor[id] = openBarrier[qi].map { [$0] } ?? []
+            }
+            inQueue[qi].append(id)
+            ids.append(id)
+        }
+        func reaches(_ from: OpID, _ to: OpID) -> Bool {
+            var stack = [from], seen: Set<OpID> = [from]
+            while let x = stack.popLast() {
+                if x == to { return true }
+                for y in waitsFor[x]! where seen.insert(y).inserted { stack.append(y) }
+            }
+            return false
+        }
+        var cycles = 0, added = 0
+        for _ in 0..<4_000 {
+            let a = ids[Int(rng.next() % UInt64(ids.count))], b = ids[Int(rng.next() % UInt64(ids.count))]
+            guard a != b else { continue }
+            let expectCycle = reaches(b, a)  // b already waits for a
+            switch m.addDependency(a, on: b, now: 0) {
+            case .success:
+                #expect(!expectCycle, "\(a) on \(b) was accepted, but \(b) waits for \(a)")
+                waitsFor[a]!.insert(b)
+                added += 1
+            case .failure(let e):
+                #expect(e.status == .cycle && expectCycle, "\(a) on \(b): \(e.message)")
+                cycles += 1
+            }
+        }
+        #expect(cycles > 100 && added > 100)
+    }
+
     @Test func longFailureChainDoesNotRecurse() {
         var m = Machine(config: .init(agingNanos: 0, maxPerHost: 6, history: 0))
         let q = m.addQueue(name: "q", maxConcurrent: 1)
