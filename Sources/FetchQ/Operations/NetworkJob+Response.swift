@@ -273,6 +273,7 @@ extension NetworkJob {
                         value = try JSONParser.parse(response.body, maxDepth: maxJSONDepth)
                     } catch {
                         let what: String
+                        var invalid = false
                         switch error.kind {
                         case .depth: what = "the response is nested too deeply"
                         // Valid JSON (RFC 8259 has no number limits), not jansson's.
@@ -282,9 +283,10 @@ extension NetworkJob {
                             parseStatus = .noMemory
                         default:
                             what = "the response is not valid JSON"
+                            invalid = true
                         }
                         // jansson's message would quote the invisible U+FEFF.
-                        let detail = what == "the response is not valid JSON" && response.body.starts(with: [0xEF, 0xBB, 0xBF])
+                        let detail = invalid && response.body.starts(with: [0xEF, 0xBB, 0xBF])
                             ? ": it starts with a UTF-8 byte order mark, which JSON does not allow (RFC 8259 §8.1)"
                             : ": \(error)"
                         parseError = "\(request.method) \(URLUtilities.redactingPassword(request.url)): \(what)\(detail)"
