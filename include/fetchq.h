@@ -422,7 +422,8 @@ int fq_queue_wait(fq_queue *queue, int timeout_ms);
  *                "background": when queues compete for worker threads and
  *                hosts, higher QoS goes first; within a queue it breaks ties
  *                between equal priorities.
- *   "group"      a string tag for fq_cancel_group().
+ *   "group"      a string tag for fq_cancel_group() (compared as bytes, as
+ *                queue names are).
  *   "depends_on" an array of operation ids (any queue of this engine). The
  *                operation starts after all of them succeeded; if one fails
  *                or is cancelled it ends FQ_CANCELLED with status
@@ -642,7 +643,8 @@ fq_op_id fq_submit_search(fq_queue *queue, const char *query, const json_t *opti
                           fq_completion_fn done, void *userdata);
 
 /* A fan-out search: one child search per distinct query in `queries` (n
- * UTF-8 strings, copied), each a normal operation of `queue` — it honours the
+ * UTF-8 strings, copied; distinct as bytes: "\xc3\xa9" and "e\xcc\x81" are
+ * two queries, however alike they look), each a normal operation of `queue` — it honours the
  * queue's max_concurrent, priorities, per-host limits and cancellation — and
  * a parent that completes once, after every child ended, with
  *   {"items": [...], "count": N,

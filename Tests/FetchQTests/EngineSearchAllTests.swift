@@ -58,6 +58,26 @@ import Testing
         }
     }
 
+    /// Distinct queries are distinct bytes: "\u{E9}" and "e\u{301}" are two
+    /// requests (a Set<String> made them one: Swift compares strings by
+    /// canonical equivalence, a server by bytes).
+    @Test func queriesThatDifferOnlyInUnicodeFormAreTwoQueries() throws {
+        try withEngine(config, queue: 2) { engine, queue, c in
+            let queries = ["\u{E9}", "e\u{301}", "\u{212A}", "K", "\u{E9}"]
+            let id = try submitAll(engine, queries, on: queue, c)
+            let r = try #require(c.wait(id))
+            #expect(r.outcome == .succeeded)
+            let byQuery = try #require(r.value?.at("/queries"))
+            #expect(json_object_size(byQuery.pointer) == 4)
+            for q in queries {
+                let child = q.withCString { json_object_get(byQuery.pointer, $0) }
+                #expect(child != nil, "no result for \(Array(q.utf8))")
+            }
+            #expect(engine.waitIdle(timeoutMs: 5000) == .ok)
+            #expect(engine.stats().at("/succeeded")?.integerValue == 5)  // 4 children and the parent
+        }
+    }
+
     @Test func partialFailureAndFailFast() throws {
         try withEngine(config, queue: 2) { engine, queue, c in
             let partial = try submitAll(engine, ["swift", "__fail", "rust"], on: queue, c)

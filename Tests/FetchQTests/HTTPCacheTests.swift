@@ -39,6 +39,26 @@ import Testing
 
     static func names(_ headers: Headers) -> [String] { headers.map { "\($0.name): \($0.value)" } }
 
+    /// Keys are the request's bytes: two header values that differ only in
+    /// Unicode form ("\u{E9}" and "e\u{301}") are two requests a server may
+    /// answer differently, so two entries (a `[String: …]` index made them one).
+    @Test func keysDifferingOnlyInUnicodeFormAreTwoEntries() {
+        let cache = Self.cache()
+        let fresh: Headers = [("Cache-Control", "max-age=60")]
+        let composed = HTTPCache.key(method: "GET", url: "http://h/", headers: [("X-Name", "\u{E9}")])
+        let decomposed = HTTPCache.key(method: "GET", url: "http://h/", headers: [("X-Name", "e\u{301}")])
+        #expect(Self.put(cache, composed, fresh, body: "composed"))
+        #expect(Self.state(cache, decomposed, at: Self.t0) == "miss")
+        #expect(Self.put(cache, decomposed, fresh, body: "decomposed"))
+        guard case .fresh(let a) = cache.lookup(composed, now: Self.t0),
+              case .fresh(let b) = cache.lookup(decomposed, now: Self.t0) else {
+            Issue.record("both entries should be fresh")
+            return
+        }
+        #expect(String(decoding: a.body, as: UTF8.self) == "composed")
+        #expect(String(decoding: b.body, as: UTF8.self) == "decomposed")
+    }
+
     // MARK: - Freshness
 
     @Test func maxAgeBoundary() {

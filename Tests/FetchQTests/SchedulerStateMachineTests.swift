@@ -581,6 +581,30 @@ import Testing
         #expect(m.counters.queued == 3)
     }
 
+    /// Names are the caller's bytes: Swift's String equality (canonical
+    /// equivalence) made "\u{E9}" and "e\u{301}" one group and one queue
+    /// name, and the Kelvin sign one with "K".
+    @Test func groupAndQueueNamesAreComparedByTheirBytes() {
+        var m = Machine()
+        let composed = "\u{E9}", decomposed = "e\u{301}"
+        #expect(composed == decomposed)  // what the engine must not rely on
+        let q = m.addQueue(name: composed, maxConcurrent: 1)
+        let q2 = m.addQueue(name: decomposed, maxConcurrent: 1)
+        #expect(q != q2)
+        #expect(m.queueNamed(composed) == q)
+        #expect(m.queueNamed(decomposed) == q2)
+        _ = m.setSuspended(q, true, now: 0)
+        let (a, _) = submit(&m, q, group: composed)
+        let (b, _) = submit(&m, q, group: decomposed)
+        let (k, _) = submit(&m, q, group: "\u{212A}")
+        let (count, actions) = m.cancelGroup(decomposed, now: 0)
+        #expect(count == 1)
+        #expect(completed(actions).map(\.0) == [b])
+        #expect(m.cancelGroup("K", now: 0).count == 0)
+        #expect(m.cancelGroup("\u{212A}", now: 0).count == 1)
+        #expect(m.isLive(a) && !m.isLive(k))
+    }
+
     @Test func barrierWaitsForEarlierAndHoldsBackLater() {
         var m = Machine()
         let q = m.addQueue(name: "q", maxConcurrent: 4)

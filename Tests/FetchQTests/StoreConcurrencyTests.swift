@@ -83,6 +83,21 @@ import Testing
         #expect(try reopened.count(collection: "c") == distinct.count)
     }
 
+    /// File names are bytes: "\u{E9}.db" and "e\u{301}.db" are two files, so two
+    /// stores (the registry, keyed by `String`, handed out the first for both).
+    @Test func pathsDifferingOnlyInUnicodeFormAreTwoStores() throws {
+        try withStoreDirectory { dir in
+            let composed = try ItemStore.shared(path: dir.file("\u{E9}.db"))
+            let decomposed = try ItemStore.shared(path: dir.file("e\u{301}.db"))
+            #expect(composed !== decomposed)
+            _ = try composed.upsert(collection: "c", items: try storeJSON(#"[{"id": 1}]"#),
+                                    idPointer: JSONPointer(tokens: ["id"]), merge: .overwrite)
+            #expect(try composed.count(collection: "c") == 1)
+            #expect(try decomposed.count(collection: "c") == 0)
+            #expect(try ItemStore.shared(path: dir.file("\u{E9}.db")) === composed)
+        }
+    }
+
     @Test func fiftyWritersSharingOneStoreLoseNothing() throws {
         try withStoreDirectory { dir in
             let path = dir.file("s.db")

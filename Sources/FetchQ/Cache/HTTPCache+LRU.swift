@@ -14,7 +14,7 @@ extension HTTPCache {
 
         private(set) var nodes: [Node] = []
         private var freeSlots: [Int] = []
-        private var slots: [String: Int] = [:]
+        private var slots: [ExactString: Int] = [:]  // a key's header values may differ only in form
         /// Most recently used slot, or -1.
         private(set) var head = -1
         /// Least recently used slot, or -1.
@@ -24,7 +24,7 @@ extension HTTPCache {
 
         var count: Int { slots.count }
 
-        func slot(of key: String) -> Int? { slots[key] }
+        func slot(of key: String) -> Int? { slots[ExactString(key)] }
 
         func entry(at slot: Int) -> Entry { nodes[slot].entry! }
 
@@ -47,7 +47,7 @@ extension HTTPCache {
             if head >= 0 { nodes[head].newer = slot }
             head = slot
             if tail < 0 { tail = slot }
-            slots[key] = slot
+            slots[ExactString(key)] = slot
             bytes += cost
             return slot
         }
@@ -78,7 +78,7 @@ extension HTTPCache {
             let removed = (key: nodes[slot].key, cost: nodes[slot].cost)
             nodes[slot] = Node(key: "", entry: nil, cost: 0, newer: -1, older: -1)
             freeSlots.append(slot)
-            slots[removed.key] = nil
+            slots[ExactString(removed.key)] = nil
             bytes -= removed.cost
             return removed
         }
@@ -88,7 +88,7 @@ extension HTTPCache {
         }
 
         /// Every key held, in no particular order.
-        var keys: Dictionary<String, Int>.Keys { slots.keys }
+        var keys: [String] { slots.keys.map(\.value) }
 
         /// Keys from the most to the least recently used (for tests and diagnostics).
         var keysByRecency: [String] {
@@ -111,7 +111,7 @@ extension HTTPCache {
             while slot >= 0, walked <= nodes.count {
                 let node = nodes[slot]
                 if node.newer != previous { problems.append("slot \(slot): wrong back link") }
-                if slots[node.key] != slot { problems.append("slot \(slot): not indexed") }
+                if slots[ExactString(node.key)] != slot { problems.append("slot \(slot): not indexed") }
                 if node.entry == nil { problems.append("slot \(slot): free slot linked") }
                 total += node.cost
                 walked += 1
@@ -138,7 +138,7 @@ extension HTTPCache {
     /// ("cold"), oldest first. They count toward `maxBytes` and are evicted before any entry
     /// in memory: nothing has used them since this instance opened the file. Only shrinks.
     struct ColdIndex {
-        private var sizes: [String: Int] = [:]
+        private var sizes: [ExactString: Int] = [:]
         /// Oldest first; keys no longer in `sizes` are skipped when popping.
         private var order: [String] = []
         private var next = 0
@@ -148,22 +148,22 @@ extension HTTPCache {
 
         /// `rows` oldest first.
         init(rows: [(key: String, size: Int)] = []) {
-            for row in rows where sizes[row.key] == nil {
-                sizes[row.key] = row.size
+            for row in rows where sizes[ExactString(row.key)] == nil {
+                sizes[ExactString(row.key)] = row.size
                 order.append(row.key)
                 bytes += row.size
             }
         }
 
-        func contains(_ key: String) -> Bool { sizes[key] != nil }
+        func contains(_ key: String) -> Bool { sizes[ExactString(key)] != nil }
 
         /// Every key not loaded yet, in no particular order.
-        var keys: Dictionary<String, Int>.Keys { sizes.keys }
+        var keys: [String] { sizes.keys.map(\.value) }
 
         /// Forgets `key` (loaded into memory, replaced, or removed); returns its size.
         @discardableResult
         mutating func remove(_ key: String) -> Int? {
-            guard let size = sizes.removeValue(forKey: key) else { return nil }
+            guard let size = sizes.removeValue(forKey: ExactString(key)) else { return nil }
             bytes -= size
             compactIfDrained()
             return size
@@ -174,7 +174,7 @@ extension HTTPCache {
             while next < order.count {
                 let key = order[next]
                 next += 1
-                if let size = sizes.removeValue(forKey: key) {
+                if let size = sizes.removeValue(forKey: ExactString(key)) {
                     bytes -= size
                     compactIfDrained()
                     return (key, size)

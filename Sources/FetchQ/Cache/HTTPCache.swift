@@ -354,7 +354,9 @@ public final class HTTPCache: Sendable {
         let exact = "GET " + url
         let prefix = exact + "\n"
         return state.withLock { state in
-            let matching = (Array(state.entries.keys) + Array(state.cold.keys)).filter { $0 == exact || $0.hasPrefix(prefix) }
+            let matching = (state.entries.keys + state.cold.keys).filter {  // by bytes, as keys are compared
+                $0.utf8.elementsEqual(exact.utf8) || $0.utf8.starts(with: prefix.utf8)
+            }
             for key in matching { drop(key, &state) }
             return matching.count
         }

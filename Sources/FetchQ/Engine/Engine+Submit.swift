@@ -131,8 +131,8 @@ extension Engine {
              try SearchTemplate(reading: &r, config: config, openStore: store(path:)))
         }
         guard !common.barrier else { throw FetchQError(.invalid, "options.barrier: not supported for search-all") }
-        var seen = Set<String>()
-        let unique = queries.filter { seen.insert($0).inserted }
+        var seen = Set<ExactString>()  // by bytes: "é" and "e\u{301}" are two queries
+        let unique = queries.filter { seen.insert(ExactString($0)).inserted }
         guard !unique.isEmpty else { throw FetchQError(.invalid, "search-all needs at least one query") }
         var jobs: [NetworkJob] = []
         for q in unique { jobs.append(try template.job(for: q)) }

@@ -376,19 +376,19 @@ extension NetworkJob {
     /// joining as each came copied the whole joined string each time.
     static func headers(_ list: [(name: String, value: String)]) -> JSONRef {
         let object = JSONRef.object()
-        var repeated: [String: [String]] = [:]
+        var repeated: [ExactString: [String]] = [:]  // by bytes, as the object's keys
         for (name, value) in list {
             let key = name.lowercased()
-            if repeated[key] != nil {
-                repeated[key]!.append(value)
+            if repeated[ExactString(key)] != nil {
+                repeated[ExactString(key)]!.append(value)
             } else if key.withCString({ json_object_get(object.pointer, $0) }) != nil {
-                repeated[key] = [value]
+                repeated[ExactString(key)] = [value]
             } else {
                 key.withCString { k in value.withCString { _ = json_object_set_new(object.pointer, k, json_string($0)) } }
             }
         }
         for (key, more) in repeated {
-            key.withCString { k in
+            key.value.withCString { k in
                 let joined = ([jsonString(json_object_get(object.pointer, k))] + more).joined(separator: ", ")
                 joined.withCString { _ = json_object_set_new(object.pointer, k, json_string($0)) }
             }

@@ -307,8 +307,8 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
     /// Lanes made so far (in use or free): for tests.
     var laneCount: Int { lanes.count }
     private var hosts: [Host] = [Host(name: "")]
-    private var hostIndex: [String: Int32] = [:]
-    private var groups: [String: Set<OpID>] = [:]
+    private var hostIndex: [ExactString: Int32] = [:]
+    private var groups: [ExactString: Set<OpID>] = [:]
     /// Slots of finished operations, oldest first.
     private var historyOrder = Ring<Int32>()
     /// Finished network operations holding a value, oldest first.
@@ -334,7 +334,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
     /// nothing.
     private var activeQueues: [QueueID] = []
     /// Open queues by name.
-    private var queueByName: [String: QueueID] = [:]
+    private var queueByName: [ExactString: QueueID] = [:]
     /// Queues forgotten (closed, then done), oldest first: their ids may be
     /// given to new queues, so that a program making and freeing queues
     /// does not grow `queues` for ever.
@@ -453,10 +453,10 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
     }
 
     private mutating func hostNumber(_ name: String) -> Int32 {
-        if let h = hostIndex[name] { return h }
+        if let h = hostIndex[ExactString(name)] { return h }
         hosts.append(Host(name: name))
         let h = Int32(hosts.count - 1)
-        hostIndex[name] = h
+        hostIndex[ExactString(name)] = h
         return h
     }
 
@@ -513,11 +513,11 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         }
         queues[id].orderAt = Int32(queueOrder.count)
         queueOrder.append(id)
-        queueByName[name] = id
+        queueByName[ExactString(name)] = id
         return id
     }
 
-    func queueNamed(_ name: String) -> QueueID? { queueByName[name] }
+    func queueNamed(_ name: String) -> QueueID? { queueByName[ExactString(name)] }
 
     /// Removes `q` from `activeQueues` (`active`) or `queueOrder` in O(1):
     /// the last id takes its place.
@@ -594,7 +594,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         queues[queue].closed = true
         queues[queue].suspended = false
         if queues[queue].readyCount > 0 { makeActive(queue) }
-        if queueByName[queues[queue].name] == queue { queueByName[queues[queue].name] = nil }
+        if queueByName[ExactString(queues[queue].name)] == queue { queueByName[ExactString(queues[queue].name)] = nil }
         let notStarted = unfinished(of: queue).filter { liveSlot($0).map { slots[$0].state != .running } ?? false }
         let actions = cancelMany(notStarted, sorted: true, now: now).actions
         removeQueueIfDone(queue)
@@ -812,7 +812,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         if let group {
             let l = linksIndex(s)
             linkTable[l].group = group
-            groups[group, default: []].insert(id)
+            groups[ExactString(group), default: []].insert(id)
         }
         return s
     }
@@ -949,7 +949,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
     }
 
     mutating func cancelGroup(_ group: String, now: UInt64) -> (count: Int, actions: [Action]) {
-        cancelMany(groups[group].map { Array($0) } ?? [], sorted: false, now: now)
+        cancelMany(groups[ExactString(group)].map { Array($0) } ?? [], sorted: false, now: now)
     }
 
     mutating func cancelAll(now: UInt64) -> (count: Int, actions: [Action]) {
@@ -1150,8 +1150,9 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         if slots[s].links >= 0 {
             let l = Int(slots[s].links)
             if let group = linkTable[l].group {
-                groups[group]?.remove(id)
-                if groups[group]?.isEmpty == true { groups[group] = nil }
+                let key = ExactString(group)
+                groups[key]?.remove(id)
+                if groups[key]?.isEmpty == true { groups[key] = nil }
             }
             swap(&dependents, &linkTable[l].dependents)
             dropLinks(s)

@@ -157,7 +157,7 @@ public final class ItemStore: Sendable {
         closing?.close()
         if let registryKey {
             Self.registry.withLock { entries in
-                if entries[registryKey]?.store === self { entries[registryKey] = nil }
+                if entries[ExactString(registryKey)]?.store === self { entries[ExactString(registryKey)] = nil }
             }
         }
     }
@@ -296,7 +296,7 @@ public final class ItemStore: Sendable {
     }
 
     /// Canonical path -> the live shared instance for it.
-    private static let registry = Locked<[String: WeakStore]>([:])
+    private static let registry = Locked<[ExactString: WeakStore]>([:])  // paths are bytes
 
     /// The process-wide instance for the file at `path`, opening it on first use.
     ///
@@ -311,14 +311,14 @@ public final class ItemStore: Sendable {
     public static func shared(path: String) throws(FetchQError) -> ItemStore {
         let key = try canonicalPath(path)
         return try registry.withLock { (entries) throws(FetchQError) -> ItemStore in
-            if let existing = entries[key]?.store, !existing.isClosed,
+            if let existing = entries[ExactString(key)]?.store, !existing.isClosed,
                let opened = existing.file, opened == FileIdentity(path: key) {
                 return existing
             }
             // Opening under the registry lock makes "one instance per file" exact.
             let store = try ItemStore(path: key, registryKey: key, busyTimeoutMilliseconds: 5000)
             entries = entries.filter { $0.value.store != nil }
-            entries[key] = WeakStore(store: store)
+            entries[ExactString(key)] = WeakStore(store: store)
             return store
         }
     }
