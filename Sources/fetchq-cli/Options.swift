@@ -118,19 +118,25 @@ struct HTTPOptions: ParsableArguments {
 /// long for the command line (swift-argument-parser 1.8.2 takes quadratic
 /// time over a long list of arguments: about 2 s for 10 000).
 struct InputOptions: ParsableArguments {
-    @Option(help: ArgumentHelp("Also read them from FILE (- for stdin), one per line; empty lines are skipped.",
-                               valueName: "file"))
-    var input: String?
+    @Option(help: ArgumentHelp("Also read them from FILE (- for stdin), one per line; empty lines are skipped. "
+                               + "Repeatable: files are read in the order given.", valueName: "file"))
+    var input: [String] = []
 
-    /// `given` followed by the lines of --input (UTF-8; a trailing CR is
-    /// dropped). `what` names them in the message when there are none.
+    /// `given` followed by the lines of each --input file in turn (UTF-8; a
+    /// byte order mark at the start and a trailing CR are dropped). `what`
+    /// names them in the message when there are none.
     func all(_ given: [String], _ what: String) throws -> [String] {
         var list = given
-        if let input {
-            let text = try Request.fileText(input, shown: input, option: "--input",
+        guard input.filter({ $0 == "-" }).count <= 1 else {
+            throw ValidationError("--input - is given twice: standard input can be read once")
+        }
+        for path in input {
+            let text = try Request.fileText(path, shown: path, option: "--input",
                                             refusal: "--input reads one URL or query per line as text")
             // By bytes: as Characters, "\r\n" is one and would not split at "\n".
-            for line in text.utf8.split(separator: UInt8(ascii: "\n")) {
+            var bytes = Substring(text).utf8
+            if bytes.starts(with: [0xEF, 0xBB, 0xBF]) { bytes = bytes.dropFirst(3) }  // "UTF-8 with BOM"
+            for line in bytes.split(separator: UInt8(ascii: "\n")) {
                 let item = line.last == UInt8(ascii: "\r") ? line.dropLast() : line
                 if !item.isEmpty { list.append(String(decoding: item, as: UTF8.self)) }
             }

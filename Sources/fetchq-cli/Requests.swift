@@ -31,7 +31,7 @@ struct Get: ParsableCommand {
     var urls: [String] = []
 
     func validate() throws {
-        guard !urls.isEmpty || input.input != nil else { throw ValidationError("give at least one URL") }
+        guard !urls.isEmpty || !input.input.isEmpty else { throw ValidationError("give at least one URL") }
     }
 
     func run() throws {
@@ -77,9 +77,9 @@ struct Request: ParsableCommand {
     var urls: [String] = []
 
     func validate() throws {
-        guard !urls.isEmpty || input.input != nil else { throw ValidationError("give at least one URL") }
+        guard !urls.isEmpty || !input.input.isEmpty else { throw ValidationError("give at least one URL") }
         guard data.isEmpty || json == nil else { throw ValidationError("give --data or --json, not both") }
-        if input.input == "-" && (data.contains("@-") || json == "@-") {
+        if input.input.contains("-") && (data.contains("@-") || json == "@-") {
             throw ValidationError("--input - and a body from @- would both read standard input")
         }
         guard data.filter({ $0 == "@-" }).count <= 1 else {

@@ -57,7 +57,7 @@ struct Search: ParsableCommand {
     var queries: [String] = []
 
     func validate() throws {
-        guard !queries.isEmpty || input.input != nil else { throw ValidationError("give at least one query") }
+        guard !queries.isEmpty || !input.input.isEmpty else { throw ValidationError("give at least one query") }
     }
 
     func run() throws {
@@ -102,16 +102,18 @@ struct Search: ParsableCommand {
 
     /// One search-all; one line per merged item; failed queries on stderr.
     private func runMerged(_ endpoint: JSONRef, _ queries: [String]) throws {
-        var seen = Set<String>()
-        let unique = queries.filter { seen.insert($0).inserted }
+        var seen = Set<ExactString>()  // by bytes, as the engine does
+        let unique = queries.filter { seen.insert(ExactString($0)).inserted }
         // With the bar on, children report as they end (child events).
         let session = try Session(common, search: endpoint, extraOptions: [("child_events", .bool(true))])
         session.progress.expect(unique.count)
+        session.interruptNote = "with --merged nothing is printed: the merged list would be incomplete"
         let options = session.operationOptions
         let completion: Completion = { result in
             guard session.ended(result, label: "search", countsInProgress: false),
                   let value = result.value else { return }
             for item in value["items"]?.elements ?? [] {
+                if session.isInterrupted { break }  // Ctrl-C while a long list is written
                 session.console.result(item.dumps())
             }
             for query in unique {

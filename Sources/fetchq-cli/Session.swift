@@ -54,6 +54,12 @@ final class Session: Sendable {
         }
     }
 
+    /// Ctrl-C was pressed: what is still being written may stop.
+    var isInterrupted: Bool { interrupted.load(ordering: .sequentiallyConsistent) }
+
+    /// Said after "interrupted" (what an interrupted run did not print).
+    nonisolated(unsafe) var interruptNote: String? = nil
+
     /// Submits every operation to the suspended queue (nothing starts until
     /// all of them were accepted), lets them run, waits for every one to end
     /// and returns by throwing the exit status: 0 all succeeded, 1 one
@@ -82,7 +88,7 @@ final class Session: Sendable {
         progress.finish()
         _ = engine.shutdown()
         if interrupted.load(ordering: .sequentiallyConsistent) {
-            console.error("interrupted")
+            console.error("interrupted" + (interruptNote.map { "; \($0)" } ?? ""))
             throw ExitCode(130)
         }
         let writeError = console.writeError

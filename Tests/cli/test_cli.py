@@ -518,7 +518,10 @@ def test_ctrl_c_keeps_finished_results_and_cancels_a_search(cli, server):
     code, out, err, _ = interrupt_when(
         cli, ["search", "--merged", "--url", server + "/stall?q={query}", "a", "b", "c"],
         lambda: stats(server)["in_flight"] == 3, "three stalled searches")
-    assert code == 130 and out == b"" and err == b"fetchq: interrupted\n"
+    assert code == 130 and out == b""
+    # Says why the queries that had completed printed nothing.
+    assert err == (b"fetchq: interrupted; with --merged nothing is printed: "
+                   b"the merged list would be incomplete\n")
 
 
 def test_ctrl_c_during_retry_wait(cli, server):
@@ -678,6 +681,27 @@ def test_input_reads_urls_and_queries_from_a_file_or_stdin(cli, server, tmp_path
     missing = tmp_path / "missing.txt"
     r = run(cli, "get", "--input", str(missing))
     assert r.returncode == 2 and f"--input {missing}: No such file or directory".encode() in r.stderr
+
+
+def test_input_is_repeatable_and_drops_a_byte_order_mark(cli, server, tmp_path):
+    first, second = tmp_path / "first.txt", tmp_path / "second.txt"
+    first.write_bytes(b"\xef\xbb\xbfswift\r\nrust\n")   # saved as "UTF-8 with BOM"
+    second.write_bytes(b"\xef\xbb\xbfgo\n")
+    r = run(cli, "search", "--url", search_url(server), "--results", "/results",
+            "--input", str(first), "--input", str(second))
+    assert r.returncode == 0, r.stderr
+    assert sorted(l["query"] for l in lines(r.stdout)) == ["go", "rust", "swift"]
+    r = run(cli, "get", "--input", "-", "--input", "-", input=b"http://x/\n")
+    assert r.returncode == 2 and b"--input - is given twice" in r.stderr
+
+
+def test_merged_queries_are_distinct_by_their_bytes(cli, server):
+    # "\u00e9" and "e\u0301" look alike but are different queries to a server.
+    reset(server)
+    queries = ["\u00e9", "e\u0301", "\u00e9"]
+    r = run(cli, "search", "--url", search_url(server), "--results", "/results", "--merged", *queries)
+    assert r.returncode == 0, r.stderr
+    assert stats(server)["requests"] == 2
 
 
 # ---------------------------------------------------------------- progress bar
