@@ -620,6 +620,33 @@ import Testing
         #expect(started(m.finished(barrier, .succeeded, payload: nil, now: 0)) == [c])
     }
 
+    /// A barrier that ends without running (cancelled here) while an earlier
+    /// barrier is pending: what it held back, and what comes after, is held
+    /// by the earlier one (the queue forgot its open barrier, and `c` started
+    /// while `a` ran and `x1` had not: the header's rule broken).
+    @Test func aLaterBarrierEndingUnrunLeavesTheEarlierOnesFenceInPlace() {
+        var m = Machine()
+        let q = m.addQueue(name: "q", maxConcurrent: 4)
+        let (a, sa) = submit(&m, q)
+        #expect(started(sa) == [a])
+        let (x1, s1) = submit(&m, q, barrier: true)
+        let (x2, s2) = submit(&m, q, barrier: true)
+        let (b, sb) = submit(&m, q)  // held by x2 only
+        #expect(started(s1 + s2 + sb).isEmpty)
+        let cancelled = try! m.cancel(x2, now: 0).get()
+        #expect(completed(cancelled).map(\.0) == [x2])
+        #expect(started(cancelled).isEmpty)  // b waits for x1 now
+        let (c, sc) = submit(&m, q)
+        #expect(started(sc).isEmpty)  // and so does c
+        #expect(started(m.finished(a, .succeeded, payload: nil, now: 0)) == [x1])
+        #expect(Set(started(m.finished(x1, .succeeded, payload: nil, now: 0))) == [b, c])
+        // The same when the only barrier left is cancelled: nothing holds them.
+        let (x3, _) = submit(&m, q, barrier: true)
+        let (d, sd) = submit(&m, q)
+        #expect(started(sd).isEmpty)
+        #expect(started(try! m.cancel(x3, now: 0).get()) == [d])
+    }
+
     @Test func perHostLimitDoesNotBlockOtherHosts() {
         var m = Machine(config: .init(agingNanos: 0, maxPerHost: 2, history: 16))
         let q = m.addQueue(name: "q", maxConcurrent: 10)
@@ -676,6 +703,37 @@ import Testing
         var run = started(m.setSuspended(q, false, now: 0))
         for i in 0..<3 { run += started(m.finished(run[i], .succeeded, payload: nil, now: 0)) }
         #expect(run == [ids[2], ids[0], ids[1], ids[3]])
+    }
+
+    /// Moved to a level it had visited before (not its first), an operation
+    /// joins it behind those waiting there: its entry from the earlier visit
+    /// came back to life and put X before Y (the sixth review).
+    @Test func anOperationMovedAgainToALevelItLeftJoinsItsBack() {
+        var m = Machine()
+        let q = m.addQueue(name: "q", maxConcurrent: 1)
+        _ = m.setSuspended(q, true, now: 0)
+        let (x, _) = submit(&m, q)
+        let (y, _) = submit(&m, q)
+        _ = try! m.setPriority(x, .high, now: 0).get()
+        _ = try! m.setPriority(x, .normal, now: 0).get()
+        _ = try! m.setPriority(y, .high, now: 0).get()
+        _ = try! m.setPriority(x, .high, now: 0).get()  // behind y
+        var run = started(m.setSuspended(q, false, now: 0))
+        run += started(m.finished(run[0], .succeeded, payload: nil, now: 0))
+        #expect(run == [y, x])
+        // And through a compaction of the FIFOs (many moves of another one).
+        let (a, _) = submit(&m, q)
+        let (b, _) = submit(&m, q)
+        _ = m.setSuspended(q, true, now: 0)
+        _ = m.finished(x, .succeeded, payload: nil, now: 0)
+        _ = try! m.setPriority(a, .high, now: 0).get()
+        _ = try! m.setPriority(a, .normal, now: 0).get()
+        _ = try! m.setPriority(b, .high, now: 0).get()
+        for i in 0..<3_000 { _ = m.setPriority(b, i % 2 == 0 ? .veryHigh : .high, now: 0) }
+        _ = try! m.setPriority(a, .high, now: 0).get()  // behind b
+        var again = started(m.setSuspended(q, false, now: 0))
+        again += started(m.finished(again[0], .succeeded, payload: nil, now: 0))
+        #expect(again == [b, a])
     }
 
     @Test func maxConcurrentAndSuspensionChangesTakeEffect() {

@@ -175,6 +175,11 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         /// lock, 4 096 finishes later, that read was a cache miss).
         var payloadIsLight = false
         var outcome: Outcome = .succeeded
+        /// The level it first became ready at (set by `book`, or by a new
+        /// priority before it was ready): its FIFO entry there carries `seq`.
+        /// At any other level its entry carries `Links.movedSeq` (in a byte
+        /// the layout leaves free).
+        var firstLevel: Int8 = 0
         var waitingOn: Int32 = 0
         /// The queue's list of unfinished operations (slot numbers, -1 none).
         var prev: Int32 = -1
@@ -197,6 +202,10 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         /// Strict and collect dependencies, for cycle checks.
         var dependencies: [OpID] = []
         var dependencyPayloads: [Dependency] = []
+        /// Moved by `setPriority` to a level other than its first: the
+        /// sequence number its FIFO entry there carries (fresh at each move,
+        /// so an entry left at that level by an earlier visit is stale).
+        var movedSeq: UInt64 = 0
     }
 
     struct Counters {
@@ -702,6 +711,17 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         return .success(id)
     }
 
+    /// The newest barrier submitted before slot `s` to its queue that has not
+    /// ended, if any.
+    private func previousLiveBarrier(_ s: Int) -> Int? {
+        var other = slots[s].prev
+        while other >= 0 {
+            if slots[Int(other)].isBarrier { return Int(other) }
+            other = slots[Int(other)].prev
+        }
+        return nil
+    }
+
     /// Whether the barrier `barrier` waits for one of `ids` (it waits for
     /// everything before it in its queue: each of those lists it among its
     /// dependents).
@@ -801,6 +821,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
                             level: Int8(priority.level), qos: Int8(qos.rawValue),
                             isBarrier: isBarrier, isInternal: isInternal))
         slots[s].owner = owner  // a new or freed slot holds none
+        slots[s].firstLevel = slots[s].level
         index.insert(id, Int32(s))
         liveCount += 1
         listAppend(s, queue: q)
@@ -921,8 +942,18 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         slots[s].level = Int8(priority.level)
         if slots[s].state == .ready {
             // The old FIFO entry goes stale (its level no longer matches).
+            // Back at its first level its old entry is valid again (its old
+            // place, if still there); at another, a fresh sequence number
+            // puts it behind those waiting there, an entry of an earlier
+            // visit included.
+            if slots[s].level != slots[s].firstLevel {
+                nextSeq += 1
+                linkTable[linksIndex(s)].movedSeq = nextSeq
+            }
             enqueueReady(s)
             noteStale(slots[s].queue)
+        } else {
+            slots[s].firstLevel = slots[s].level  // no FIFO entry is its place yet
         }
         var actions: [Action] = []
         schedule(now: now, into: &actions)
@@ -1138,13 +1169,17 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
     private mutating func settle(_ s: Int, _ outcome: Outcome, _ payload: Payload?, byCancel: Bool) -> [Dependent] {
         let id = slots[s].id
         let q = slots[s].queue
+        // A barrier that ends while an earlier one is pending (it was
+        // cancelled, or timed out, before it could run): what it held back
+        // is held by that one again (found before `listRemove`).
+        let earlierBarrier = slots[s].isBarrier ? previousLiveBarrier(s) : nil
         listRemove(s)
         liveCount -= 1
         if !slots[s].isInternal {
             queues[q].counters.count(outcome)
             counters.count(outcome)
         }
-        if queues[q].openBarrier == id { queues[q].openBarrier = nil }
+        if queues[q].openBarrier == id { queues[q].openBarrier = earlierBarrier.map { slots[$0].id } }
         if slots[s].isBarrier { liveBarriers -= 1 }
         var dependents: [Dependent] = []
         if slots[s].links >= 0 {
@@ -1156,6 +1191,16 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
             }
             swap(&dependents, &linkTable[l].dependents)
             dropLinks(s)
+        }
+        if let earlier = earlierBarrier {
+            for dependent in dependents where dependent.edge == .order {
+                // (A later barrier waits for the earlier one already; a
+                // carrier is not held back by a barrier that may wait for
+                // its callers, see `submit`.)
+                guard let d = liveSlot(dependent.id), slots[d].state == .waiting,
+                      !slots[d].isBarrier, !slots[d].isInternal else { continue }
+                link(d, after: earlier, edge: .order)
+            }
         }
         // A network operation's value: its own transfer (or the cache's
         // answer) or a shared one (it was attached to a carrier).
@@ -1295,9 +1340,25 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
             queues[q].lanes.append(Int32(lane))
         }
         let slot = Lane.slot(level: Int(slots[s].level), qos: Int(slots[s].qos))
-        rings[lane * 25 + slot].append(ReadyEntry(id: slots[s].id, seq: slots[s].seq, readySince: slots[s].readySince,
+        rings[lane * 25 + slot].append(ReadyEntry(id: slots[s].id, seq: entrySeq(s), readySince: slots[s].readySince,
                                                   slot: Int32(s)))
         lanes[lane].mask |= 1 << UInt32(slot)
+    }
+
+    /// The sequence number the FIFO entry of slot `s` carries at its
+    /// current level (see `Op.firstLevel`).
+    @inline(__always)
+    private func entrySeq(_ s: Int) -> UInt64 {
+        slots[s].level == slots[s].firstLevel ? slots[s].seq : linkTable[Int(slots[s].links)].movedSeq
+    }
+
+    /// Whether a FIFO entry in ring `r` (of any lane) is slot `s`'s place
+    /// now: its operation is ready, at that level, with that sequence number.
+    @inline(__always)
+    private func isCurrent(_ entry: ReadyEntry, ring r: Int) -> Bool {
+        let s = Int(entry.slot)
+        return slots[s].id == entry.id && slots[s].state == .ready && Int(slots[s].level) == r % 25 / 5
+            && entry.seq == entrySeq(s)
     }
 
     private mutating func unready(_ s: Int) {
@@ -1324,12 +1385,12 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
                 var kept = Ring<ReadyEntry>()
                 while let entry = rings[r].first {
                     rings[r].removeFirst()
-                    // An entry at a level its operation has left stays: moved
-                    // back there, the operation takes its old place again.
+                    // Its entry at its first level stays while it is elsewhere:
+                    // moved back there, the operation takes its old place again.
                     let s = Int(entry.slot)
-                    if slots[s].id == entry.id && slots[s].state == .ready
-                        && seen.insert(SIMD2(entry.id, Int64(r))).inserted
-                    {
+                    let firstPlace = slots[s].id == entry.id && slots[s].state == .ready
+                        && Int(slots[s].firstLevel) == r % 25 / 5 && entry.seq == slots[s].seq
+                    if (firstPlace || isCurrent(entry, ring: r)) && seen.insert(SIMD2(entry.id, Int64(r))).inserted {
                         kept.append(entry)
                     }
                 }
@@ -1421,10 +1482,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
                 }
             }
             guard let chosen = best else { return nil }
-            let s = chosen.slot
-            if slots[s].id == chosen.id && slots[s].state == .ready && Int(slots[s].level) == chosen.ring % 25 / 5 {
-                return chosen
-            }
+            if let entry = rings[chosen.ring].first, isCurrent(entry, ring: chosen.ring) { return chosen }
             rings[chosen.ring].removeFirst()  // stale
             if rings[chosen.ring].isEmpty {
                 lanes[chosen.lane].mask &= ~(1 << UInt32(chosen.ring - chosen.lane * 25))
@@ -1542,6 +1600,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         nextSeq += 1
         let n = allocate(Op(id: newID, queue: q, seq: nextSeq, host: slots[s].host, level: slots[s].level,
                             qos: slots[s].qos, isBarrier: false, isInternal: true, isNetwork: slots[s].isNetwork))
+        slots[n].firstLevel = slots[n].level
         index.insert(newID, Int32(n))
         liveCount += 1
         listAppend(n, queue: q)
