@@ -561,7 +561,8 @@ fq_op_id fq_submit_async(fq_queue *queue, fq_async_fn fn, const json_t *options,
  *              Bytes that are not ASCII are sent percent-encoded (%XX, RFC
  *              3987 §3.1); a host that is not ASCII is FQ_ERR_INVALID (write
  *              it in its xn-- form). A password in the URL ("user:pw@") is
- *              written *** in error messages and logs
+ *              written *** in error messages and logs, and so is a user
+ *              name without a password ("TOKEN@": often a token)
  *   "headers"  an object of strings; a name that is not a token, a value
  *              with a control character other than HTAB, or Content-Length
  *              or Transfer-Encoding (fetchq frames the body) is

@@ -72,11 +72,15 @@ public enum URLUtilities {
     }
 
     /// `url` as messages and logs show it: a password in its userinfo
-    /// (`user:password@`) is written `***`. `url` itself when it has none.
+    /// (`user:password@`) is written `***`, and so is a userinfo with no
+    /// password (`TOKEN@`, `TOKEN:@`: a token given as the user name, as
+    /// for many APIs, is the secret). `url` itself when it has no userinfo.
     public static func redactingPassword(_ url: String) -> String {
         let bytes = Array(url.utf8)
-        guard let (start, at) = userinfo(bytes),
-              let colon = bytes[start..<at].firstIndex(of: UInt8(ascii: ":")) else { return url }
+        guard let (start, at) = userinfo(bytes) else { return url }
+        guard let colon = bytes[start..<at].firstIndex(of: UInt8(ascii: ":")), colon + 1 < at else {
+            return String(decoding: bytes[..<start] + Array("***".utf8) + bytes[at...], as: UTF8.self)
+        }
         return String(decoding: bytes[..<(colon + 1)] + Array("***".utf8) + bytes[at...], as: UTF8.self)
     }
 

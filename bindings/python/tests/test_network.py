@@ -319,6 +319,12 @@ def test_a_password_in_the_url_is_not_shown_in_messages(net_engine: fetchq.Engin
         net_engine.queue("n").get("http://alice:s3cret@127.0.0.1:1/x").result(timeout=TIMEOUT)
     assert "s3cret" not in str(info.value)
     assert "http://alice:***@127.0.0.1:1/x" in str(info.value), str(info.value)
+    # A user name without a password is often a token ("https://TOKEN@host").
+    for url in ("http://ghp_T0KEN@127.0.0.1:1/x", "http://ghp_T0KEN:@127.0.0.1:1/x"):
+        with pytest.raises(fetchq.NetworkError) as info:
+            net_engine.queue("n").get(url).result(timeout=TIMEOUT)
+        assert "T0KEN" not in str(info.value)
+        assert "http://***@127.0.0.1:1/x" in str(info.value), str(info.value)
 
 
 def test_a_search_query_of_dots_stays_one_path_segment(server: Server) -> None:
