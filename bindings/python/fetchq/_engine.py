@@ -43,7 +43,9 @@ import threading
 import time
 import weakref
 from collections.abc import Mapping
-from typing import Any, Callable, Dict, Generic, Iterable, List, Optional, Tuple, TypeVar, Union
+from typing import (
+    TYPE_CHECKING, Any, Callable, Dict, Generic, Iterable, List, Optional, Tuple, TypeVar, Union, cast,
+)
 
 from . import _ffi
 from ._ffi import (
@@ -64,7 +66,7 @@ _LOG_LEVELS = {0: 5, 1: logging.DEBUG, 2: logging.INFO, 3: 25, 4: logging.WARNIN
                5: logging.ERROR, 6: logging.CRITICAL}
 
 ProgressFn = Callable[[int, Optional[int]], Any]
-OpRef = Union[int, "Future", "AsyncFuture"]
+OpRef = Union[int, "Future[Any]", "AsyncFuture[Any]"]
 
 _PRIORITIES = {"very-low": -8, "low": -4, "normal": 0, "high": 4, "very-high": 8}
 _UNSET: Any = object()
@@ -773,7 +775,7 @@ class _Core:
         self.async_cb = _ffi.ASYNC_FN(self._on_async)
         self.log_cb = _ffi.LOG_FN(self._on_log)
 
-        cfg = _ffi.to_json(config, "config")
+        cfg = _ffi.to_json(config, "config", argument=True)
         try:
             self.handle = self.lib.fq_engine_new(cfg, None, 0)
         finally:
@@ -894,6 +896,18 @@ class _Core:
             return fut.cancelled()
         _ffi.check(status)
         return False
+
+    def check_loop(self) -> None:
+        """An AsyncEngine's operations are submitted on its loop, or from a
+        thread running no loop: the future of one submitted while another
+        loop runs could not be awaited there (its body would run, and its
+        awaiting task fail)."""
+        running = asyncio._get_running_loop()
+        if running is not None and running is not self.loop:
+            raise StateError(
+                "this AsyncEngine belongs to the event loop %s, and this thread runs another one, %s: "
+                "submit on the engine's loop (asyncio.run_coroutine_threadsafe) or make an engine "
+                "on this loop" % (_loop_name(self.loop), _loop_name(running)))
 
     def submitted(self, fut: AnyFuture, op_id: int) -> None:
         with self.lock:
@@ -1318,11 +1332,12 @@ class Queue(Generic[_F]):
                         core.idle.notify_all()
 
     @property
-    def engine(self) -> "_EngineBase":
+    def engine(self) -> "Engine":
+        """Its engine (an :class:`AsyncEngine` for an :class:`AsyncQueue`)."""
         engine = self._engine_ref()
         if engine is None:
             raise StateError("the engine of queue %r was freed" % self.name)
-        return engine
+        return cast("Engine", engine)
 
     @property
     def max_concurrent(self) -> int:
@@ -1411,7 +1426,10 @@ class Queue(Generic[_F]):
 
     def _options(self, options: Dict[str, Any], progress: Optional[ProgressFn]) -> Optional[Dict[str, Any]]:
         """The options as sent; ``options`` is the caller's ``**options``
-        dict (ours alone), changed in place."""
+        dict (ours alone), changed in place. Every submit calls it before it
+        submits anything, so it also refuses one from another event loop."""
+        if self._core.loop is not None:
+            self._core.check_loop()
         if "depends_on" in options:
             deps = options.pop("depends_on")
             if deps is not None:
@@ -1527,7 +1545,8 @@ class Queue(Generic[_F]):
                             lambda h, o, t: L.fq_submit_async(h, cb_start, o, cb_done, t))
 
     def search(self, query: str, *, progress: Optional[ProgressFn] = None,
-               on_update: Optional[Callable[[Any], Any]] = None, **options: Any) -> _F:
+               on_update: Optional[Callable[[Any], Any]] = None,
+               **options: Any) -> "Future[Dict[str, Any]]":
         """Submits a search; the result is ``{"query", "items", "count"}``.
         ``options`` may override the engine's "search" keys (url, results, id,
         sort, order) and take every network and common option (store, cache,
@@ -1543,7 +1562,7 @@ class Queue(Generic[_F]):
 
     def search_all(self, queries: Iterable[str], *,
                    on_child: Optional[Callable[[Result], Any]] = None,
-                   **options: Any) -> _F:
+                   **options: Any) -> "Future[Dict[str, Any]]":
         """Fans out one search per distinct query (each a normal operation of
         this queue) and resolves once with ``{"items", "count", "queries":
         {q: {"count"} | {"error", "status"[, "http_status"]}}}``: items merged
@@ -1572,7 +1591,8 @@ class Queue(Generic[_F]):
                 params: Optional[Pairs] = None, json: Any = _UNSET,
                 data: Union[str, bytes, None] = None,
                 progress: Optional[ProgressFn] = None,
-                on_update: Optional[Callable[[Any], Any]] = None, **options: Any) -> _F:
+                on_update: Optional[Callable[[Any], Any]] = None,
+                **options: Any) -> "Future[Response]":
         """Submits an HTTP request; the result is a :class:`Response`.
 
         ``params`` are URL-encoded into the query string; ``json`` is sent as
@@ -1629,13 +1649,14 @@ class Queue(Generic[_F]):
         finally:
             _ffi.give_back(plain)
 
-    def get(self, url: str, **kwargs: Any) -> _F:
+    def get(self, url: str, **kwargs: Any) -> "Future[Response]":
         """``request("GET", url, **kwargs)``."""
         return self.request("GET", url, **kwargs)
 
     def request_many(self, method: str, urls: Iterable[str], *, headers: Optional[Pairs] = None,
                      params: Optional[Pairs] = None, json: Any = _UNSET,
-                     data: Union[str, bytes, None] = None, **options: Any) -> List[_F]:
+                     data: Union[str, bytes, None] = None,
+                     **options: Any) -> "List[Future[Response]]":
         """Submits one request per URL, all with the same method, headers,
         params, body and options, in one call into the library
         (``fq_submit_requests``): the options are read once and the engine's
@@ -1677,7 +1698,7 @@ class Queue(Generic[_F]):
         tokens = [next(core.tokens) for _ in range(n)]
         userdata = (ctypes.c_void_p * n)(*tokens)
         ids = (ctypes.c_int64 * n)()
-        futures = []
+        futures: List[Any] = []
         pending = core.pending
         for token in tokens:
             state = _OpState("request", self)
@@ -1715,13 +1736,13 @@ class Queue(Generic[_F]):
                 core._resolve(futures[i], "exception", stopped)
         return futures
 
-    def get_many(self, urls: Iterable[str], **kwargs: Any) -> List[_F]:
+    def get_many(self, urls: Iterable[str], **kwargs: Any) -> "List[Future[Response]]":
         """``request_many("GET", urls, **kwargs)``."""
         return self.request_many("GET", urls, **kwargs)
 
     def __repr__(self) -> str:
-        return "<fetchq.Queue %r max_concurrent=%d%s>" % (
-            self.name, self._max, " closed" if self._handle is None else "")
+        return "<fetchq.%s %r max_concurrent=%d%s>" % (
+            type(self).__name__, self.name, self._max, " closed" if self._handle is None else "")
 
 
 class AsyncQueue(Queue["AsyncFuture[Any]"]):
@@ -1729,13 +1750,44 @@ class AsyncQueue(Queue["AsyncFuture[Any]"]):
     return :class:`AsyncFuture` objects (awaitable), ``asearch``/``arequest``/
     ``asubmit`` are coroutines, and ``wait`` is a coroutine."""
 
-    async def asearch(self, query: str, **options: Any) -> Any:
+    if TYPE_CHECKING:
+        # The same methods as Queue's, returning AsyncFutures (for type
+        # checkers only: nothing changes at run time).
+        @property
+        def engine(self) -> "AsyncEngine": ...  # type: ignore[override]
+
+        def search(self, query: str, *, progress: Optional[ProgressFn] = None,  # type: ignore[override]
+                   on_update: Optional[Callable[[Any], Any]] = None,
+                   **options: Any) -> "AsyncFuture[Dict[str, Any]]": ...
+
+        def search_all(self, queries: Iterable[str], *,  # type: ignore[override]
+                       on_child: Optional[Callable[[Result], Any]] = None,
+                       **options: Any) -> "AsyncFuture[Dict[str, Any]]": ...
+
+        def request(self, method: str, url: str, *,  # type: ignore[override]
+                    headers: Optional[Pairs] = None, params: Optional[Pairs] = None, json: Any = _UNSET,
+                    data: Union[str, bytes, None] = None,
+                    progress: Optional[ProgressFn] = None,
+                    on_update: Optional[Callable[[Any], Any]] = None,
+                    **options: Any) -> "AsyncFuture[Response]": ...
+
+        def get(self, url: str, **kwargs: Any) -> "AsyncFuture[Response]": ...  # type: ignore[override]
+
+        def request_many(self, method: str, urls: Iterable[str], *,  # type: ignore[override]
+                         headers: Optional[Pairs] = None, params: Optional[Pairs] = None, json: Any = _UNSET,
+                         data: Union[str, bytes, None] = None,
+                         **options: Any) -> "List[AsyncFuture[Response]]": ...
+
+        def get_many(self, urls: Iterable[str],  # type: ignore[override]
+                     **kwargs: Any) -> "List[AsyncFuture[Response]]": ...
+
+    async def asearch(self, query: str, **options: Any) -> Dict[str, Any]:
         return await self.search(query, **options)
 
-    async def asearch_all(self, queries: Iterable[str], **options: Any) -> Any:
+    async def asearch_all(self, queries: Iterable[str], **options: Any) -> Dict[str, Any]:
         return await self.search_all(queries, **options)
 
-    async def arequest(self, method: str, url: str, **kwargs: Any) -> Any:
+    async def arequest(self, method: str, url: str, **kwargs: Any) -> Response:
         return await self.request(method, url, **kwargs)
 
     async def asubmit(self, fn: Callable[..., Any], *args: Any, **options: Any) -> Any:
@@ -1951,7 +2003,12 @@ class AsyncEngine(_EngineBase):
 
     @property
     def event_fd(self) -> int:
-        return self._core.fd
+        """The descriptor the loop watches; ShutdownError once the engine is
+        closed (the number may belong to another file by then)."""
+        core = self._core
+        if core.handle is None:
+            raise ShutdownError(core.closed_message)
+        return core.fd
 
     def dispatch(self, max_count: int = 0) -> int:
         """Runs waiting completions now (the loop's reader does this)."""
@@ -1987,8 +2044,13 @@ class AsyncEngine(_EngineBase):
         return q
 
     async def wait_idle(self, timeout: Optional[float] = None) -> None:
-        """Waits (on the loop) until every future is resolved."""
-        await _await_pending(self._core, lambda s: True, timeout)
+        """Waits (on the loop) until every future is resolved; raises
+        :class:`fetchq.Timeout`, and ShutdownError once the engine is closed
+        (as :meth:`Engine.wait_idle` does)."""
+        core = self._core
+        if core.closing or core.handle is None:
+            raise ShutdownError(core.closed_message)
+        await _await_pending(core, lambda s: True, timeout)
 
     async def __aenter__(self) -> "AsyncEngine":
         return self
@@ -2010,6 +2072,10 @@ def _c_int(value: Any, what: str, bits: int = 32) -> int:
     if not -limit <= value < limit:
         raise InvalidArgument("%s %d is out of range (a %d-bit integer)" % (what, value, bits))
     return value
+
+
+def _loop_name(loop: Optional[asyncio.AbstractEventLoop]) -> str:
+    return "<%s at %#x>" % (type(loop).__name__, id(loop))
 
 
 def _exception_text(exc: BaseException) -> str:

@@ -49,6 +49,7 @@ import ctypes.util
 import glob
 import json as _json
 import marshal as _marshal
+import math
 import os
 import sys
 import threading
@@ -59,7 +60,7 @@ from ctypes import (
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from .errors import (
-    InvalidArgument, LibraryNotFound, UnsupportedError, error_for_status,
+    InvalidArgument, LibraryNotFound, UnsupportedError, _InvalidArgumentType, error_for_status,
 )
 
 # --------------------------------------------------------------------------
@@ -481,33 +482,121 @@ def lib() -> Library:
 # --------------------------------------------------------------------------
 # Python objects <-> json_t
 
-def _dumps(value: Any, what: str) -> bytes:
-    """The compact ASCII JSON text of a Python value, as to_json sends it."""
+def _dumps(value: Any, what: str, argument: bool = False) -> bytes:
+    """The compact ASCII JSON text of a Python value, as to_json sends it.
+    ``argument``: ``value`` is a config or options dict (see to_json)."""
     try:
         text = _json.dumps(value, ensure_ascii=True, allow_nan=False,
-                           separators=(",", ":"))
+                           separators=(",", ":"), default=_fspath if argument else None)
     except ValueError as exc:
+        if argument:
+            raise _argument_error(value, what, exc) from None
         raise ValueError("%s is not valid JSON: %s" % (what, exc)) from None
     except TypeError as exc:
+        if argument:
+            raise _argument_error(value, what, exc) from None
         raise TypeError("%s is not JSON-serializable: %s" % (what, exc)) from None
     return text.encode("ascii")
 
 
-def _loadb(data: bytes, what: str) -> Any:
-    """A NEW ``json_t *`` (JsonP) parsed by jansson from text made by _dumps."""
+def _loadb(data: bytes, what: str, value: Any = None, argument: bool = False) -> Any:
+    """A NEW ``json_t *`` (JsonP) parsed by jansson from text made by _dumps
+    (of ``value``, for the message of a refused ``argument``)."""
     err = JsonError()
     ptr = lib().jansson.json_loadb(data, len(data), _LOAD_FLAGS, byref(err))
     if not ptr:
-        raise ValueError("%s cannot be represented in jansson: %s" % (
+        exc = ValueError("%s cannot be represented in jansson: %s" % (
             what, err.text.decode("utf-8", "replace")))
+        raise _argument_error(value, what, exc) if argument else exc
     return ptr
 
 
-def to_json(value: Any, what: str = "value") -> Any:
+def to_json(value: Any, what: str = "value", argument: bool = False) -> Any:
     """A NEW ``json_t *`` (JsonP) for a Python value (dict/list/str/int/float/
     bool/None). Raises TypeError for values JSON cannot hold and ValueError
-    for those jansson rejects (NaN, integers beyond int64, lone surrogates)."""
-    return _loadb(_dumps(value, what), what)
+    for those jansson rejects (NaN, integers beyond int64, lone surrogates).
+
+    ``argument``: ``value`` is a config or options dict, whose bad values
+    raise :class:`InvalidArgument` naming the key (``"config.ca_file: ..."``,
+    as the library's own messages do; one of a type JSON cannot hold is also
+    a TypeError), and whose ``os.PathLike`` values are sent as their path."""
+    return _loadb(_dumps(value, what, argument), what, value, argument)
+
+
+def _fspath(value: Any) -> str:
+    """json.dumps' ``default`` for config and options: a path object is its
+    str path (ca_file, cache and store paths...)."""
+    if isinstance(value, os.PathLike):
+        path = os.fspath(value)
+        if isinstance(path, str):
+            return path
+    raise TypeError("Object of type %s is not JSON serializable" % type(value).__name__)
+
+
+_INT64 = 1 << 63
+
+
+def _json_problem(value: Any, where: str, ancestors: "set[int]") -> Optional[Tuple[str, str, bool]]:
+    """(where, what is wrong, whether it is a wrong type) for the first value
+    inside ``value`` that the JSON of a config or options dict cannot hold
+    (as ``_dumps(argument=True)`` and jansson take it), or None."""
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, str):
+        if not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                return where, "the string %r is not valid UTF-8 (a lone surrogate)" % value, False
+        return None
+    if isinstance(value, int):
+        if not -_INT64 <= value < _INT64:
+            return where, "%d is out of range (a 64-bit integer)" % value, False
+        return None
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return where, "expected a finite number, got %r" % value, False
+        return None
+    if isinstance(value, os.PathLike):
+        path = os.fspath(value)
+        if isinstance(path, str):
+            return _json_problem(path, where, ancestors)
+        return where, "expected a str path, got a %s path (%r)" % (type(path).__name__, value), True
+    if not isinstance(value, (dict, list, tuple)):
+        return (where, "expected a JSON value (str, int, float, bool, None, dict or list), got %s"
+                % type(value).__name__, True)
+    if id(value) in ancestors:
+        return where, "the value contains itself", False
+    ancestors.add(id(value))
+    found = None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if key is None or isinstance(key, int):     # written as a string, as JSON keys are
+                found = None
+            elif isinstance(key, (str, float)):
+                found = _json_problem(key, where + " (a key)", ancestors)
+            else:
+                found = where, "a key must be a str, not %s (%r)" % (type(key).__name__, key), True
+            found = found or _json_problem(item, "%s.%s" % (where, key), ancestors)
+            if found:
+                break
+    else:
+        for i, item in enumerate(value):
+            found = _json_problem(item, "%s[%d]" % (where, i), ancestors)
+            if found:
+                break
+    ancestors.discard(id(value))
+    return found
+
+
+def _argument_error(value: Any, what: str, exc: Exception) -> InvalidArgument:
+    """The InvalidArgument for a config or options dict that JSON cannot
+    hold (``exc``: the error of json.dumps or jansson)."""
+    found = _json_problem(value, what, set())
+    if found is None:
+        found = what, str(exc), isinstance(exc, TypeError)
+    where, problem, wrong_type = found
+    return (_InvalidArgumentType if wrong_type else InvalidArgument)("%s: %s" % (where, problem))
 
 
 def to_json_or_null(value: Optional[Dict[str, Any]], what: str) -> Any:
@@ -545,13 +634,13 @@ class JsonCache:
         ptr = self.entries.get(key) if key is not None else None
         if ptr is not None:
             return ptr, None
-        data = _dumps(value, what)
+        data = _dumps(value, what, True)
         if key is None:
             key = data
             ptr = self.entries.get(key)
             if ptr is not None:
                 return ptr, None
-        ptr = _loadb(data, what)
+        ptr = _loadb(data, what, value, True)
         if cacheable and len(self.entries) < self.limit:
             with self.lock:
                 if not self.closed and key not in self.entries and len(self.entries) < self.limit:

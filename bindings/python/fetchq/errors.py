@@ -7,7 +7,10 @@ which carries the numeric status as ``.code`` and the library's message as
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Type
+from typing import TYPE_CHECKING, Any, Dict, Optional, Type
+
+if TYPE_CHECKING:   # (a runtime import would be circular: _engine imports this module)
+    from ._engine import Response
 
 __all__ = [
     "FetchqError",
@@ -59,6 +62,12 @@ class InvalidArgument(FetchqError, ValueError):
     """FQ_ERR_INVALID: a bad argument, handle, option or config value."""
 
     code = -1
+
+
+class _InvalidArgumentType(InvalidArgument, TypeError):
+    """InvalidArgument for a config or option value of a type JSON cannot
+    hold (bytes, a set, an object...): also a TypeError, which the binding
+    raised for them before."""
 
 
 class NotFound(FetchqError, LookupError):
@@ -135,13 +144,13 @@ class _WithResponse(FetchqError):
         status: int = 0,
         body: bytes = b"",
         headers: Optional[Dict[str, str]] = None,
-        response: Any = None,
+        response: Optional[Response] = None,
     ) -> None:
         super().__init__(message, code)
         self.status = status
         self.body = body
         self.headers: Dict[str, str] = dict(headers or {})
-        self.response = response
+        self.response: Optional[Response] = response
 
 
 class HTTPError(_WithResponse):

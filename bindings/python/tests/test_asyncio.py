@@ -8,7 +8,7 @@ import os
 import random
 import threading
 import time
-from typing import Any, Awaitable, Callable, Dict, List, TypeVar
+from typing import Any, Awaitable, Callable, Dict, List, Tuple, TypeVar
 
 import pytest
 
@@ -312,4 +312,72 @@ def test_get_many_on_the_loop(server: Server) -> None:
             responses = await asyncio.gather(*futs)
             assert [r.json()["query"]["i"] for r in responses] == [str(i) for i in range(100)]
             assert engine.pending_count == 0
+    run(main)
+
+
+@needs_network
+def test_submits_from_another_running_loop_are_refused_before_anything_is_submitted(server: Server) -> None:
+    """A thread running another event loop got an AsyncFuture of the
+    engine's loop: the body ran (a request was sent), then the awaiting task
+    failed with asyncio's "attached to a different loop". Now every submit
+    raises StateError naming both loops and submits nothing. A thread that
+    runs no loop still submits, its future resolving on the engine's loop."""
+    ran: List[int] = []
+
+    def other_loop_thread(q: fetchq.AsyncQueue) -> Tuple[List[str], int]:
+        async def use() -> Tuple[List[str], int]:
+            attempts: List[Callable[[], Any]] = [
+                lambda: q.submit(ran.append, 1),
+                lambda: q.submit_async(lambda op: ran.append(2)),
+                lambda: q.get(server.url("/json?from=other-loop")),
+                lambda: q.get_many([server.url("/json?from=other-loop")]),
+                lambda: q.asubmit(ran.append, 3),           # a coroutine: awaited below
+            ]
+            messages = []
+            for attempt in attempts:
+                with pytest.raises(fetchq.StateError) as caught:
+                    result = attempt()
+                    if asyncio.iscoroutine(result):
+                        await result
+                messages.append(str(caught.value))
+            return messages, id(asyncio.get_running_loop())
+        return asyncio.run(use())
+
+    async def main() -> None:
+        async with fetchq.AsyncEngine(workers=2) as engine:
+            q = engine.queue("loops")
+            mine = asyncio.get_running_loop()
+            messages, theirs = await asyncio.to_thread(other_loop_thread, q)   # bounded by run()
+            assert len(messages) == 5
+            for message in messages:
+                assert "%#x" % id(mine) in message and "%#x" % theirs in message, message
+            assert ran == [] and engine.pending_count == 0 and engine.stats()["submitted"] == 0
+            # no loop running in the submitting thread: as before
+            fut = await asyncio.to_thread(q.submit, lambda: 7)
+            assert isinstance(fut, fetchq.AsyncFuture) and fut.get_loop() is mine
+            assert await fut == 7
+    run(main)
+
+
+def test_a_closed_async_engine_raises_shutdown_error_as_engine_does() -> None:
+    """await wait_idle() returned after close (Engine.wait_idle() raises
+    ShutdownError), event_fd gave the freed descriptor's number, and an
+    AsyncQueue called itself fetchq.Queue."""
+    with fetchq.Engine() as sync:
+        assert repr(sync.queue("s")) == "<fetchq.Queue 's' max_concurrent=4>"
+    with pytest.raises(fetchq.ShutdownError):
+        sync.wait_idle()
+
+    async def main() -> None:
+        engine = fetchq.AsyncEngine(workers=1)
+        q = engine.queue("a")
+        assert repr(q) == "<fetchq.AsyncQueue 'a' max_concurrent=4>"
+        assert engine.event_fd >= 0
+        await engine.wait_idle(timeout=TIMEOUT)
+        await engine.aclose()
+        with pytest.raises(fetchq.ShutdownError, match="^the engine is closed$"):
+            await engine.wait_idle()
+        with pytest.raises(fetchq.ShutdownError, match="^the engine is closed$"):
+            engine.event_fd
+        assert repr(q) == "<fetchq.AsyncQueue 'a' max_concurrent=4 closed>"
     run(main)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import concurrent.futures as cf
 import threading
 import time
-from typing import Any, List
+from pathlib import Path
+from typing import Any, Dict, List
 
 import pytest
 
@@ -24,6 +25,40 @@ def test_config_errors_are_invalid_argument_with_message() -> None:
         fetchq.Engine(delivery="poll")          # thread engine only
     with pytest.raises(TypeError):
         fetchq.Engine(workers=object())         # not JSON at all
+
+
+class _BytesPath:
+    def __fspath__(self) -> bytes:
+        return b"/tmp/cache.db"
+
+
+@pytest.mark.parametrize("config,message", [
+    ({"timeout_ms": float("nan")}, "^config.timeout_ms: expected a finite number, got nan$"),
+    ({"rate_limits": {"*": {"per_second": float("inf"), "burst": 1}}},
+     "^config.rate_limits.\\*.per_second: expected a finite number, got inf$"),
+    ({"user_agent": b"x"}, "^config.user_agent: expected a JSON value .*, got bytes$"),
+    ({"workers": object()}, "^config.workers: expected a JSON value .*, got object$"),
+    ({"max_response_bytes": 2**64}, "^config.max_response_bytes: 18446744073709551616 is out of range"),
+    ({"proxy": "http://\udc80"}, "^config.proxy: the string .* is not valid UTF-8"),
+    ({"cache": {"max_bytes": 1 << 20, "path": _BytesPath()}}, "^config.cache.path: expected a str path, got a bytes"),
+])
+def test_config_values_json_cannot_hold_are_invalid_argument(config: Dict[str, Any], message: str) -> None:
+    """docs/python.md: wrong types raise InvalidArgument. They raised a bare
+    ValueError or TypeError when JSON could not hold them; one of a wrong
+    type is still a TypeError too."""
+    with pytest.raises(fetchq.InvalidArgument, match=message) as caught:
+        fetchq.Engine(**config)
+    assert isinstance(caught.value, ValueError) and caught.value.code == -1
+    wrong_type = "JSON value" in message or "str path" in message
+    assert isinstance(caught.value, TypeError) is wrong_type
+
+
+def test_path_objects_are_sent_as_their_path(tmp_path: Path) -> None:
+    cache = tmp_path / "cache.db"
+    with fetchq.Engine(cache={"max_bytes": 1 << 20, "path": cache},
+                       ca_file=Path("/nonexistent/ca.pem")) as e:
+        assert cache.is_file()                  # the engine opened it
+        assert e.queue("p").submit(lambda: 1).result(timeout=TIMEOUT) == 1
 
 
 def test_context_manager_closes_and_use_after_close_raises() -> None:
@@ -236,7 +271,14 @@ def test_bad_options_are_invalid_argument(engine: fetchq.Engine) -> None:
         q.submit(lambda: 1, priority=3)
     with pytest.raises(TypeError):
         q.submit(lambda: 1, group=object())
-    assert engine.pending_count == 0
+    # values JSON cannot hold: InvalidArgument naming the option, as the library does
+    with pytest.raises(fetchq.InvalidArgument, match="^options.timeout_ms: expected a finite number, got inf$"):
+        q.submit(lambda: 1, timeout_ms=float("inf"))
+    with pytest.raises(fetchq.InvalidArgument, match="^options.group: expected a JSON value .*, got bytes$"):
+        q.submit(lambda: 1, group=b"g")
+    with pytest.raises(fetchq.InvalidArgument, match="^options.retry.base: expected a finite number, got nan$"):
+        q.submit(lambda: 1, retry={"max": 1, "base": float("nan")})
+    assert engine.pending_count == 0 and engine.stats()["submitted"] == 0
 
 
 def test_queue_close_cancels_its_queued_operations(engine: fetchq.Engine) -> None:

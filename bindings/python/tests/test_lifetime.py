@@ -10,6 +10,7 @@ import textwrap
 import threading
 import time
 import weakref
+from pathlib import Path
 from typing import List
 
 
@@ -17,7 +18,7 @@ import pytest
 
 import fetchq
 
-from conftest import BINDING, TIMEOUT, needs_network
+from conftest import BINDING, HERE, TIMEOUT, needs_network
 
 
 def run_script(code: str, *args: str) -> "subprocess.CompletedProcess[str]":
@@ -363,9 +364,46 @@ def test_futures_and_queues_have_types() -> None:
     Any = typing.Any
     assert typing.get_type_hints(fetchq.Engine.queue)["return"] == fetchq.Queue[fetchq.Future[Any]]
     assert typing.get_type_hints(fetchq.AsyncEngine.queue)["return"] is fetchq.AsyncQueue
-    # the submits return the queue's future type
-    for method in ("submit", "search", "request", "get"):
+    # submits of Python bodies return the queue's future type; the others
+    # say what the future gives (AsyncQueue's say AsyncFuture to checkers)
+    for method in ("submit", "submit_async"):
         assert str(typing.get_type_hints(getattr(fetchq.Queue, method))["return"]) == "~_F", method
+    hints = {m: typing.get_type_hints(getattr(fetchq.Queue, m))["return"]
+             for m in ("search", "search_all", "request", "get", "request_many", "get_many")}
+    assert hints == {"search": fetchq.Future[typing.Dict[str, Any]],
+                     "search_all": fetchq.Future[typing.Dict[str, Any]],
+                     "request": fetchq.Future[fetchq.Response], "get": fetchq.Future[fetchq.Response],
+                     "request_many": typing.List[fetchq.Future[fetchq.Response]],
+                     "get_many": typing.List[fetchq.Future[fetchq.Response]]}
+    assert typing.get_type_hints(fetchq.Queue.engine.fget)["return"] is fetchq.Engine
+    assert typing.get_type_hints(fetchq.AsyncQueue.arequest)["return"] is fetchq.Response
+    assert typing.get_type_hints(fetchq.AsyncQueue.asearch)["return"] == typing.Dict[str, Any]
+    # an operation reference: an id, or a future of any value
+    op_ref = typing.Union[int, fetchq.Future[Any], fetchq.AsyncFuture[Any]]
+    for method in ("cancel", "set_priority", "add_dependency"):
+        assert typing.get_type_hints(getattr(fetchq.Engine, method))["op"] == op_ref, method
+
+
+def test_the_documented_api_type_checks_with_mypy_strict(tmp_path: Path) -> None:
+    """tests/typing_sample.py, user code asserting the types docs/python.md
+    promises (Queue.engine an Engine, request futures of Response, search
+    results dicts, AsyncQueue's AsyncFutures and coroutines,
+    HTTPError.response), passes ``mypy --strict`` against this package.
+    Without mypy it is skipped, unless FETCHQ_REQUIRE_MYPY=1 (CI)."""
+    import importlib.util
+    if importlib.util.find_spec("mypy") is None:
+        if os.environ.get("FETCHQ_REQUIRE_MYPY") == "1":
+            pytest.fail("FETCHQ_REQUIRE_MYPY=1 but mypy is not installed for %s: "
+                        "install it (python3 -m pip install mypy)" % sys.executable)
+        pytest.skip("mypy is not installed (set FETCHQ_REQUIRE_MYPY=1 to make that a failure)")
+    # MYPYPATH: this tree's package, not an installed copy; its own errors
+    # are not the sample's (followed silently, as for an installed package)
+    env = dict(os.environ, MYPYPATH=str(BINDING))
+    proc = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--follow-imports=silent",
+                           "--cache-dir", str(tmp_path / "mypy-cache"), str(HERE / "typing_sample.py")],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, "mypy --strict tests/typing_sample.py:\n" + proc.stdout + proc.stderr
+    assert "Success: no issues found in 1 source file" in proc.stdout
 
 
 def test_waits_during_close_and_negative_timeouts() -> None:

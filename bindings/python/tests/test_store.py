@@ -83,3 +83,14 @@ def test_search_option_store(net_engine: fetchq.Engine, server: Server, tmp_path
         assert stored == res["items"]
     with pytest.raises(fetchq.InvalidArgument):
         q.search("swift", store={"path": path})               # no collection
+
+
+def test_search_option_store_takes_a_path_object(net_engine: fetchq.Engine, tmp_path: Any) -> None:
+    """os.PathLike values of options are sent as their path (they raised
+    TypeError: not JSON-serializable)."""
+    path = tmp_path / "search-path.db"
+    q = net_engine.queue("stp")
+    res = q.search("swift", store={"path": path, "collection": "posts"}).result(timeout=TIMEOUT)
+    assert res["count"] > 0 and res["store"]["inserted"] == res["count"]
+    with fetchq.Store(path) as s:
+        assert s.count("posts") == res["count"]
