@@ -214,7 +214,18 @@ typedef void (*fq_async_fn)(fq_op *op, void *userdata);
  *                   one engine lock: for a flood of bodies that do almost
  *                   nothing, workers take turns at that lock, and 1 worker
  *                   ran no-op operations faster than 2 (1.3 M against 1.1 M
- *                   per second on 2 cores; bench/findings.md, "Tenth round")
+ *                   per second on 2 cores; bench/findings.md, "Tenth round").
+ *                   A block or async operation starts (it counts as running
+ *                   in its queue's max_concurrent and in the stats) when it
+ *                   is handed to the workers: with more started than
+ *                   workers, some wait for a thread, and suspending the
+ *                   queue, fq_set_priority (FQ_ERR_STATE) and "max_wait_ms"
+ *                   no longer apply to them; cancelled, they end
+ *                   FQ_CANCELLED when a worker takes them up, without their
+ *                   body or start function running. Give "workers" at least
+ *                   the sum of the max_concurrent of queues that run such
+ *                   operations at once, for a max_concurrent that bounds
+ *                   bodies running
  *   "transfer_threads" threads running network transfers, each with its own
  *                   libcurl connections (1..16, default 2). Connections are
  *                   opened close-on-exec, so a child the application spawns
@@ -227,7 +238,12 @@ typedef void (*fq_async_fn)(fq_op *op, void *userdata);
  *                   go to a worker
  *   "aging_ms"      a ready operation waiting this long gains one priority
  *                   level, and another each further aging_ms, so low
- *                   priority work is never starved (default 1000; 0 = off)
+ *                   priority work is never starved by higher priorities of
+ *                   its QoS (default 1000; 0 = off). It ages from when it
+ *                   became ready, also while its queue is suspended. Aging
+ *                   does not cross QoS classes: across queues a higher QoS
+ *                   always goes first, so lower-QoS work waits for as long
+ *                   as higher-QoS work keeps its queues busy
  *   "history"       how many finished operations stay known for depends_on
  *                   (default 4096, 0..1000000)
  *   "history_values" how many of the newest finished network operations
@@ -439,7 +455,10 @@ int fq_queue_wait(fq_queue *queue, int timeout_ms);
  *                FQ_ERR_NOT_FOUND ("no operation N") instead.
  *   "barrier"    true: starts only after everything submitted to the queue
  *                before it has finished, and nothing submitted after it
- *                starts before it has finished.
+ *                starts before it has finished. A barrier that ends without
+ *                running (cancelled, "max_wait_ms", a failed dependency)
+ *                holds nothing back from then on, unless an earlier barrier
+ *                of the queue is still pending: that one holds it all.
  *   "max_wait_ms" overrides the engine's max_wait_ms for this operation.
  * `done` may be NULL (no callback). `userdata` is passed to `done` (and to the
  * body of block/async operations) untouched. */
@@ -757,7 +776,9 @@ const fq_result *fq_op_dependency(const fq_op *op, fq_op_id dep);
 /* ------------------------------------------------------------------ */
 
 /* Cancels one operation. Not started yet: it ends FQ_CANCELLED at once (its
- * callback is queued for delivery). Running: block and async bodies see
+ * callback is queued for delivery). Started and still waiting for a worker
+ * thread (config "workers"): it ends FQ_CANCELLED without its body running,
+ * when a worker takes it up. Running: block and async bodies see
  * fq_op_is_cancelled() and end FQ_CANCELLED when they return/finish; network
  * operations are aborted at once. FQ_ERR_NOT_FOUND if it already finished
  * otherwise or never existed. Cancelling an operation that was already

@@ -105,6 +105,39 @@ TEST(cancel_running_ops) {
     fqt_engine_free(e);
 }
 
+/* With more started than workers ("workers": 1, max_concurrent 3), two
+ * operations counted as running wait for the worker. Cancelled there, they
+ * end FQ_CANCELLED without their body or start function running (the body
+ * ran, after fq_cancel had returned FQ_OK; the sixth review). */
+TEST(cancel_started_ops_waiting_for_a_worker) {
+    fq_engine *e = fqt_engine("{\"workers\": 1}");
+    fq_queue *q = fqt_queue(e, "q", 3);
+    atomic_store(&g_release, 0);
+    rec hold = {0}, b = {0}, a = {0};
+    fq_op_id idh = fqt_block(q, body_until_cancelled, NULL, rec_done, &hold);
+    REQUIRE(idh > 0 && WAIT_UNTIL(atomic_load(&hold.body_runs) == 1, FQT_LONG_MS));
+    fq_op_id idb = fqt_block(q, body_tag, NULL, rec_done, &b);
+    fq_op_id ida = fqt_async(q, body_async_capture, NULL, rec_done, &a);
+    REQUIRE(idb > 0 && ida > 0);
+    CHECK_EQ_INT(fqt_qstat(e, "q", "running", -1), 3); /* started: handed to the worker */
+    CHECK_OK(fq_cancel(e, idb));
+    CHECK_OK(fq_cancel(e, ida));
+    CHECK_OK(fq_cancel(e, idh));
+    atomic_store(&g_release, 1);
+    CHECK_OK(fq_queue_wait(q, FQT_LONG_MS));
+    check_cancelled(&b, "block op cancelled while waiting for a worker");
+    check_cancelled(&a, "async op cancelled while waiting for a worker");
+    CHECK_EQ_INT(atomic_load(&b.body_runs), 0);
+    CHECK_EQ_INT(atomic_load(&a.body_runs), 0);
+    CHECK(atomic_load(&a.op) == NULL); /* its start function never ran */
+    check_cancelled(&hold, "the running block op");
+    CHECK_EQ_INT(fqt_qstat(e, "q", "cancelled", -1), 3);
+    rec_clear(&hold);
+    rec_clear(&b);
+    rec_clear(&a);
+    fqt_engine_free(e);
+}
+
 TEST(cancel_group_only_that_group) {
     fq_engine *e = fqt_engine(NULL);
     fq_queue *qa = fqt_queue(e, "qa", 2);

@@ -202,6 +202,51 @@ TEST(inline_thread_runs_callbacks_posted_meanwhile) {
     fqt_engine_free(drain.e);
 }
 
+/* What an end unblocks starts on an idle worker while that end's callback
+ * runs inline: B (depends on A) starts while A's callback still runs, which
+ * waits for it. The worker that ended A kept B for itself and ran it after
+ * the callback, however long, with the other worker idle (the sixth review). */
+static struct {
+    atomic_int b_started;
+    atomic_int b_started_during_a_callback;
+} unblock;
+
+static json_t *unblock_a_body(fq_op *op, void *userdata) {
+    (void)op, (void)userdata;
+    return NULL;
+}
+
+static json_t *unblock_b_body(fq_op *op, void *userdata) {
+    (void)op, (void)userdata;
+    atomic_store(&unblock.b_started, 1);
+    return NULL;
+}
+
+static void unblock_a_done(const fq_result *res, void *userdata) {
+    (void)res, (void)userdata;
+    atomic_store(&unblock.b_started_during_a_callback,
+                 WAIT_UNTIL(atomic_load(&unblock.b_started), FQT_LONG_MS));
+}
+
+TEST(inline_callback_does_not_hold_back_what_its_end_unblocked) {
+    memset(&unblock, 0, sizeof unblock);
+    fq_engine *e = fqt_engine("{\"delivery\": \"inline\", \"workers\": 2}");
+    fq_queue *q = fqt_queue(e, "q", 2);
+    CHECK_OK(fq_queue_set_suspended(q, true));
+    fq_op_id a = fqt_block(q, unblock_a_body, NULL, unblock_a_done, NULL);
+    REQUIRE(a > 0);
+    char opts[64];
+    snprintf(opts, sizeof opts, "{\"depends_on\": [%lld]}", (long long)a);
+    rec b = {0};
+    REQUIRE(fqt_block(q, unblock_b_body, opts, rec_done, &b) > 0);
+    CHECK_OK(fq_queue_set_suspended(q, false));
+    CHECK_OK(fq_engine_wait_idle(e, 2 * FQT_LONG_MS));
+    CHECK_EQ_INT(atomic_load(&unblock.b_started_during_a_callback), 1);
+    CHECK_EQ_INT(b.outcome, FQ_SUCCEEDED);
+    rec_clear(&b);
+    fqt_engine_free(e);
+}
+
 /* Reentrant calls from an inline callback (it runs on a worker): the waits
  * and fq_engine_free refuse with FQ_ERR_STATE, submitting works. */
 typedef struct {

@@ -737,6 +737,13 @@ public final class Engine: @unchecked Sendable {
     }
 
     private func runOne(_ op: Operation) -> Operation? {
+        // Started (handed to the workers) but cancelled before a worker took
+        // it up: its body never runs, as for one cancelled in its queue (with
+        // more started than workers, it waited for one; the sixth review).
+        if op.isCancelled {
+            guard op.claimFinish() else { return nil }
+            return bodyEnded(op, value: nil, error: nil, onWorker: true)
+        }
         let value: JSONRef?
         switch op.body {
         case .block(let body): value = body(op)
@@ -852,10 +859,12 @@ public final class Engine: @unchecked Sendable {
             logger.info("operation failed", metadata: ["id": "\(op.id)", "status": "\(result.status)", "error": "\(result.message ?? "")"])
         }
         if !inlineBatch.isEmpty {
-            // Start what this end unblocked before running the callbacks.
-            let next = execute(work, pickup: pickup, selfPickup: onWorker)
+            // Start what this end unblocked before running the callbacks, on
+            // another worker: kept for this one, it waited for them, however
+            // long, while others were idle (the sixth review).
+            _ = execute(work, pickup: pickup, selfPickup: false)
             delivery.runInline(inlineBatch)
-            return next
+            return nil
         }
         return execute(work, pickup: pickup, selfPickup: onWorker)
     }
