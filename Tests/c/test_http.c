@@ -1636,6 +1636,49 @@ TEST(http_stats_count_a_shared_transfers_callers_once) {
     for (int i = 0; i < 6; i++) rec_clear(&r[i]);
 }
 
+static json_t *body_fails_at_once(fq_op *op, void *userdata) {
+    (void)userdata;
+    fq_op_set_error(op, "failed on purpose");
+    return NULL;
+}
+
+/* The first caller of a shared GET given a dependency that had already
+ * failed ends at once, FQ_ERR_DEPENDENCY; the callers sharing its transfer
+ * have no such dependency: they are handed to a carrier and run (they ended
+ * FQ_ERR_DEPENDENCY naming the first caller's dependency; the stress
+ * program, seed 2, 30 % network). */
+TEST(http_a_shared_gets_callers_do_not_end_with_the_first_callers_failed_dependency) {
+    fqt_server s;
+    fqt_server_start(&s, NULL);
+    fq_engine *e = fqt_engine(NULL);
+    fq_queue *q = fqt_queue(e, "q", 4);
+    rec failing = {0}, first = {0}, second = {0};
+    fq_op_id dep = fqt_block(q, body_fails_at_once, NULL, rec_done, &failing);
+    REQUIRE(dep > 0 && WAIT_UNTIL(atomic_load(&failing.calls) == 1, FQT_LONG_MS));
+    CHECK_EQ_INT(failing.outcome, FQ_FAILED);
+    CHECK_OK(fq_queue_set_suspended(q, true));
+    char url[256], req[400];
+    fqt_url(&s, "/json?size=3", url, sizeof url);
+    snprintf(req, sizeof req, "{\"url\": \"%s\"}", url);
+    fq_op_id a = fqt_request(q, req, NULL, rec_done, &first);
+    fq_op_id b = fqt_request(q, req, NULL, rec_done, &second); /* shares a's transfer */
+    REQUIRE(a > 0 && b > 0);
+    CHECK_OK(fq_add_dependency(e, a, dep));
+    CHECK(WAIT_UNTIL(atomic_load(&first.calls) == 1, FQT_LONG_MS));
+    CHECK_EQ_INT(first.outcome, FQ_CANCELLED);
+    CHECK_EQ_INT(first.status, FQ_ERR_DEPENDENCY);
+    CHECK_OK(fq_queue_set_suspended(q, false));
+    CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));
+    CHECK_EQ_INT(atomic_load(&second.calls), 1);
+    CHECK_EQ_INT(second.outcome, FQ_SUCCEEDED);
+    CHECK_EQ_INT(second.status, FQ_OK);
+    rec_clear(&failing);
+    rec_clear(&first);
+    rec_clear(&second);
+    fqt_engine_free(e);
+    fqt_server_stop(&s);
+}
+
 /* A request retried after its queue was suspended and freed: the retry came
  * back to the closed queue, still suspended, and nobody could resume it (the
  * fifth review): the operation and every caller sharing its GET from other

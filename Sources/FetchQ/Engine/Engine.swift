@@ -244,15 +244,23 @@ public final class Engine: @unchecked Sendable {
 
     public func addDependency(_ id: OpID, on dep: OpID) throws(FetchQError) {
         lockEngine()
+        // Read before: a dependency that already failed ends the operation
+        // at once (it is no longer live after).
+        let owner = machine.owner(of: id)
         switch machine.addDependency(id, on: dep, now: monotonicNanos()) {
-        case .success(var actions):
+        case .success(let ended):
             var work: [Work] = []
-            if let op = machine.owner(of: id), let shared = op.leads {
+            var actions: [Machine.Action] = []
+            if let op = owner, let shared = op.leads {
                 // The leading caller of a shared transfer now waits for a
-                // dependency: the callers sharing it should not.
+                // dependency: the callers sharing it should not, nor end
+                // with it when that dependency already failed (they ended
+                // FQ_ERR_DEPENDENCY naming a dependency not theirs; the
+                // stress program found it).
                 op.leads = nil
-                actions += leaderEnded(shared, .cancelled, .cancelled, .cancelled, &work)
+                actions = leaderEnded(shared, .cancelled, .cancelled, .cancelled, &work)
             }
+            actions += ended
             resolve(actions, into: &work)
             unlockEngine()
             execute(work)
