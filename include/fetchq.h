@@ -847,8 +847,11 @@ void fq_result_release(const fq_result *result);
 /* ------------------------------------------------------------------ */
 /* A SQLite file of JSON items keyed by (collection, id), the same one the
  * search option "store" writes. WAL journal, synchronous=FULL: a crash never
- * loses a committed response. Ids are compared as JSON values ("1" and 1
- * differ). One store object per file is shared inside the process; every
+ * loses a committed response. Ids are compared by their canonical JSON text
+ * (object members sorted, numbers written shortest): "1" and 1 differ, and so
+ * do 1 and 1.0 (an integer and a real) and 0.0 and -0.0, while 1.0 and 1e0
+ * are one id; search-all's de-duplication compares them the same way. (Sorting
+ * compares numbers by value: 1 and 1.0 are a tie there.) One store object per file is shared inside the process; every
  * function is safe from any thread. When the file at a path was deleted or
  * replaced since it was opened, the next fq_store_open (and the next search
  * with "store") opens the file there now, creating it if needed; handles to
