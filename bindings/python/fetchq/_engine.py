@@ -1795,8 +1795,15 @@ class AsyncQueue(Queue["AsyncFuture[Any]"]):
 
     async def wait(self, timeout: Optional[float] = None) -> None:  # type: ignore[override]
         """Waits until every operation of this queue is resolved (on the loop,
-        without blocking it); raises :class:`fetchq.Timeout`."""
-        await _await_pending(self._core, lambda s: s.queue is self, timeout)
+        without blocking it); raises :class:`fetchq.Timeout`, and as
+        :meth:`Queue.wait` does ShutdownError once the engine is closed and
+        StateError once the queue is."""
+        core = self._core
+        if core.closing or core.handle is None:
+            raise ShutdownError(core.closed_message)
+        if self._handle is None:
+            raise StateError("queue %r is closed" % self.name)
+        await _await_pending(core, lambda s: s.queue is self, timeout)
 
 
 async def _await_pending(core: _Core, which: Callable[[_OpState], bool],

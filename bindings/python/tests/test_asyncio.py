@@ -374,7 +374,13 @@ def test_a_closed_async_engine_raises_shutdown_error_as_engine_does() -> None:
         assert repr(q) == "<fetchq.AsyncQueue 'a' max_concurrent=4>"
         assert engine.event_fd >= 0
         await engine.wait_idle(timeout=TIMEOUT)
+        closed = engine.queue("closed")
+        closed.close()
+        with pytest.raises(fetchq.StateError, match="queue 'closed' is closed"):
+            await closed.wait()              # as Queue.wait() raises
         await engine.aclose()
+        with pytest.raises(fetchq.ShutdownError, match="^the engine is closed$"):
+            await q.wait()
         with pytest.raises(fetchq.ShutdownError, match="^the engine is closed$"):
             await engine.wait_idle()
         with pytest.raises(fetchq.ShutdownError, match="^the engine is closed$"):
