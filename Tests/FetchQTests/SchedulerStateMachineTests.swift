@@ -647,6 +647,57 @@ import Testing
         #expect(started(try! m.cancel(x3, now: 0).get()) == [d])
     }
 
+    /// A carrier of callers submitted after barrier B1 is held by B1 when
+    /// the queue's open barrier B2 cannot hold it (B2 waits for one of its
+    /// callers), and when B2, which held it, ends without running: it
+    /// started at once in both cases while B1 waited (the review of the
+    /// session's own changes).
+    @Test(arguments: [false, true])
+    func aCarrierIsHeldByTheEarlierBarrier(laterBarrierCancelled: Bool) {
+        var m = Machine()
+        let q = m.addQueue(name: "q", maxConcurrent: 4)
+        let (a, sa) = submit(&m, q)
+        #expect(started(sa) == [a])
+        let (b1, _) = submit(&m, q, barrier: true)
+        var attached = Machine.Spec(queue: q)
+        attached.attached = true
+        var b2: OpID = 0
+        if laterBarrierCancelled { b2 = submit(&m, q, barrier: true).0 }  // before the caller
+        let (caller, _) = try! m.submit(attached, now: 0).get()
+        if !laterBarrierCancelled { b2 = submit(&m, q, barrier: true).0 }  // waits for the caller
+        var carrier = Machine.Spec(queue: q)
+        carrier.isInternal = true
+        carrier.carried = [caller]
+        let (c, sc) = try! m.submit(carrier, now: 0).get()
+        #expect(started(sc).isEmpty)
+        if laterBarrierCancelled {
+            #expect(started(try! m.cancel(b2, now: 0).get()).isEmpty)
+        }
+        #expect(started(m.finished(a, .succeeded, payload: nil, now: 0)) == [b1])
+        #expect(started(m.finished(b1, .succeeded, payload: nil, now: 0)) == [c])
+    }
+
+    /// Moved while it waits for a dependency and then back, an operation
+    /// keeps its first level's place: a move while waiting made the new
+    /// level its first (the review of the session's own changes).
+    @Test func aMoveWhileWaitingKeepsTheFirstLevelsPlace() {
+        var m = Machine()
+        let q = m.addQueue(name: "q", maxConcurrent: 1)
+        let (g, sg) = submit(&m, q)
+        #expect(started(sg) == [g])
+        let (a, _) = submit(&m, q)
+        let (b, _) = submit(&m, q)
+        _ = try! m.addDependency(a, on: g, now: 0).get()
+        _ = try! m.setPriority(a, .high, now: 0).get()
+        _ = m.setSuspended(q, true, now: 0)
+        _ = m.finished(g, .succeeded, payload: nil, now: 0)
+        _ = try! m.setPriority(a, .normal, now: 0).get()
+        let (c, _) = submit(&m, q)
+        var run = started(m.setSuspended(q, false, now: 0))
+        while let last = run.last, run.count < 3 { run += started(m.finished(last, .succeeded, payload: nil, now: 0)) }
+        #expect(run == [a, b, c])
+    }
+
     @Test func perHostLimitDoesNotBlockOtherHosts() {
         var m = Machine(config: .init(agingNanos: 0, maxPerHost: 2, history: 16))
         let q = m.addQueue(name: "q", maxConcurrent: 10)

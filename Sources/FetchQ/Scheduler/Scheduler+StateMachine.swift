@@ -206,6 +206,8 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         /// sequence number its FIFO entry there carries (fresh at each move,
         /// so an entry left at that level by an earlier visit is stale).
         var movedSeq: UInt64 = 0
+        /// An internal carrier: the callers whose transfer it carries.
+        var carried: [OpID] = []
     }
 
     struct Counters {
@@ -671,11 +673,12 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
             }
             queues[q].openBarrier = id
             liveBarriers += 1
-        } else if let barrier = queues[q].openBarrier, let b = liveSlot(barrier),
-                  !(spec.isInternal && barrierWaits(barrier, forAnyOf: spec.carried)) {
-            // A carrier behind a barrier that waits for its callers would
-            // wait for itself.
+        } else if let barrier = queues[q].openBarrier,
+                  let b = fence(from: liveSlot(barrier), carrying: spec.isInternal ? spec.carried : []) {
             link(s, after: b, edge: .order)
+        }
+        if spec.isInternal && !spec.carried.isEmpty {
+            linkTable[linksIndex(s)].carried = spec.carried  // for `settle`'s re-linking
         }
         for dep in spec.collects {
             if let d = liveSlot(dep) {
@@ -709,6 +712,19 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
             if isEligible(q) { schedule(now: now, into: &actions) }
         }
         return .success(id)
+    }
+
+    /// The barrier that holds back an operation submitted after barrier slot
+    /// `b`: `b` itself, or for a carrier of `carried` callers the newest live
+    /// barrier from `b` back that does not wait for one of them (one that
+    /// does would wait for the carrier: a deadlock; an earlier one still
+    /// holds it, as it holds the callers, submitted after it).
+    private func fence(from b: Int?, carrying carried: [OpID]) -> Int? {
+        var b = b
+        while let barrier = b, !carried.isEmpty, barrierWaits(slots[barrier].id, forAnyOf: carried) {
+            b = previousLiveBarrier(barrier)
+        }
+        return b
     }
 
     /// The newest barrier submitted before slot `s` to its queue that has not
@@ -940,20 +956,19 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         }
         guard Int(slots[s].level) != priority.level else { return .success([]) }
         slots[s].level = Int8(priority.level)
+        // Back at its first level its old entry is valid again (its old place,
+        // if still there); at another, a fresh sequence number puts it behind
+        // those waiting there, an entry of an earlier visit included. The
+        // same while it waits for a dependency: its entry from when it was
+        // ready may still be its place.
+        if slots[s].level != slots[s].firstLevel {
+            nextSeq += 1
+            linkTable[linksIndex(s)].movedSeq = nextSeq
+        }
         if slots[s].state == .ready {
             // The old FIFO entry goes stale (its level no longer matches).
-            // Back at its first level its old entry is valid again (its old
-            // place, if still there); at another, a fresh sequence number
-            // puts it behind those waiting there, an entry of an earlier
-            // visit included.
-            if slots[s].level != slots[s].firstLevel {
-                nextSeq += 1
-                linkTable[linksIndex(s)].movedSeq = nextSeq
-            }
             enqueueReady(s)
             noteStale(slots[s].queue)
-        } else {
-            slots[s].firstLevel = slots[s].level  // no FIFO entry is its place yet
         }
         var actions: [Action] = []
         schedule(now: now, into: &actions)
@@ -1194,12 +1209,11 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         }
         if let earlier = earlierBarrier {
             for dependent in dependents where dependent.edge == .order {
-                // (A later barrier waits for the earlier one already; a
-                // carrier is not held back by a barrier that may wait for
-                // its callers, see `submit`.)
-                guard let d = liveSlot(dependent.id), slots[d].state == .waiting,
-                      !slots[d].isBarrier, !slots[d].isInternal else { continue }
-                link(d, after: earlier, edge: .order)
+                // (A later barrier waits for the earlier one already.)
+                guard let d = liveSlot(dependent.id), slots[d].state == .waiting, !slots[d].isBarrier,
+                      let b = fence(from: earlier, carrying: slots[d].links >= 0 ? linkTable[Int(slots[d].links)].carried : [])
+                else { continue }
+                link(d, after: b, edge: .order)
             }
         }
         // A network operation's value: its own transfer (or the cache's
