@@ -180,6 +180,16 @@ import Testing
         #expect(a.coalesceKey(maxWaitMs: 0) != base)
         b.request.headers[0] = ("x-a", "2")
         #expect(a.coalesceKey(maxWaitMs: 0) != b.coalesceKey(maxWaitMs: 0))
+        // Values by their bytes: "\u{E9}" and "e\u{301}" are two requests to a
+        // server (Swift's String equality made them one transfer).
+        var composed = job(), decomposed = job()
+        composed.request.headers = [("X-Name", "\u{E9}")]
+        decomposed.request.headers = [("X-Name", "e\u{301}")]
+        #expect(composed.coalesceKey(maxWaitMs: 0) != decomposed.coalesceKey(maxWaitMs: 0))
+        composed.request.userAgent = "\u{E9}"
+        decomposed.request.headers = composed.request.headers
+        decomposed.request.userAgent = "e\u{301}"
+        #expect(composed.coalesceKey(maxWaitMs: 0) != decomposed.coalesceKey(maxWaitMs: 0))
         // Every limit that shapes the transfer is part of it.
         let changes: [(String, (inout NetworkJob) -> Void)] = [
             ("url", { $0.request.url = "http://example.test/b" }),

@@ -79,19 +79,20 @@ public struct NetworkJob: Sendable {
         // gives each caller its own update event: neither is shared.
         guard coalesce, request.method == "GET", request.body == nil,
               cache == .default || cache == .reload else { return nil }
-        var headers: [String] = []
+        var headers: [ExactString] = []
         if !request.headers.isEmpty {
             let lowered = request.headers.map { (name: $0.name.lowercased(), value: $0.value) }
             for (name, value) in lowered.sorted(by: { $0.name < $1.name }) {
-                headers.append(name)
-                headers.append(value)
+                headers.append(ExactString(name))
+                headers.append(ExactString(value))
             }
         }
-        return CoalesceKey(.init(url: request.url, headers: headers, connectTimeoutMs: request.connectTimeoutMs,
+        return CoalesceKey(.init(url: ExactString(request.url), headers: headers,
+                           connectTimeoutMs: request.connectTimeoutMs,
                            timeoutMs: request.timeoutMs, followRedirects: request.followRedirects,
                            maxRedirects: request.maxRedirects, maxResponseBytes: request.maxResponseBytes,
-                           verifyTLS: request.verifyTLS, caFile: request.caFile, proxy: request.proxy,
-                           userAgent: request.userAgent,
+                           verifyTLS: request.verifyTLS, caFile: request.caFile.map(ExactString.init),
+                           proxy: request.proxy.map(ExactString.init), userAgent: ExactString(request.userAgent),
                            progressIntervalMs: progressIntervalMs, cache: cache, maxWaitMs: maxWaitMs,
                            retry: retry.max > 0 ? retry : nil))
     }
@@ -472,18 +473,20 @@ func isTokenByte(_ b: UInt8) -> Bool {
 /// field; hashed once, when made, outside the engine lock (building this as one text
 /// and hashing it under the lock cost about 8 k instructions per search submitted).
 struct CoalesceKey: Hashable, Sendable {
+    /// Strings by their bytes (`ExactString`): header values that differ
+    /// only in Unicode form are two requests to a server.
     struct Fields: Hashable, Sendable {
-        var url: String
-        var headers: [String]
+        var url: ExactString
+        var headers: [ExactString]
         var connectTimeoutMs: Int
         var timeoutMs: Int
         var followRedirects: Bool
         var maxRedirects: Int
         var maxResponseBytes: Int
         var verifyTLS: Bool
-        var caFile: String?
-        var proxy: String?
-        var userAgent: String
+        var caFile: ExactString?
+        var proxy: ExactString?
+        var userAgent: ExactString
         var progressIntervalMs: Int?
         var cache: NetworkJob.CacheMode
         var maxWaitMs: Int

@@ -139,7 +139,7 @@ struct OptionReader {
 
     mutating func choice(_ key: StaticString, _ allowed: [String]) throws(FetchQError) -> String? {
         guard let s = try string(key) else { return nil }
-        guard allowed.contains(s) else {
+        guard allowed.contains(where: { $0.utf8.elementsEqual(s.utf8) }) else {  // by bytes, as keys are
             throw FetchQError(.invalid, "\(path(key)): \"\(s)\" is not one of \(allowed.map { "\"\($0)\"" }.joined(separator: ", "))")
         }
         return s
