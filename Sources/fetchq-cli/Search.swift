@@ -112,10 +112,17 @@ struct Search: ParsableCommand {
         let completion: Completion = { result in
             guard session.ended(result, label: "search", countsInProgress: false),
                   let value = result.value else { return }
-            for item in value["items"]?.elements ?? [] {
+            let items = value["items"]?.elements ?? []
+            var written = 0
+            for item in items {
                 if session.isInterrupted { break }  // Ctrl-C while a long list is written
                 session.console.result(item.dumps())
+                written += 1
             }
+            // What an interrupt says from now on: the list was written whole,
+            // or cut short.
+            session.interruptNote = written == items.count ? nil
+                : "the merged list on stdout was cut short: \(written) of \(items.count) items"
             for query in unique {
                 guard let error = value["queries"]?[query]?["error"]?.stringValue else { continue }
                 let label = "search \(JSONRef.string(query))"

@@ -524,6 +524,32 @@ def test_ctrl_c_keeps_finished_results_and_cancels_a_search(cli, server):
                    b"the merged list would be incomplete\n")
 
 
+def test_ctrl_c_while_a_long_merged_list_is_written_stops_and_says_how_much(cli, server):
+    # ~160 000 items; stdout is a pipe read only after the interrupt, so the
+    # writing blocks part of the way.
+    url = server + "/json?size=8000000&q={query}"
+    # Unbuffered: communicate() reads the pipe itself, not what a buffered
+    # readline() would have taken from it ahead.
+    proc = subprocess.Popen([cli, "search", "--merged", "--url", url, "--results", "/items", "a"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0)
+    try:
+        first = proc.stdout.readline()               # the list is being written
+        assert first.startswith(b"{"), first
+        time.sleep(0.3)                              # the pipe fills; the writer blocks
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.3)                              # the watcher has seen it
+        rest, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    written = 1 + len(lines(rest))
+    assert proc.returncode == 130, err
+    m = re.fullmatch(rb"fetchq: interrupted; the merged list on stdout was cut short: (\d+) of (\d+) items\n", err)
+    assert m, err
+    assert int(m.group(1)) == written and written < int(m.group(2)) > 100_000
+
+
 def test_ctrl_c_during_retry_wait(cli, server):
     reset(server)
     code, out, err, took = interrupt_when(
