@@ -897,17 +897,18 @@ class _Core:
         _ffi.check(status)
         return False
 
-    def check_loop(self) -> None:
+    def check_loop(self, doing: str = "submit") -> None:
         """An AsyncEngine's operations are submitted on its loop, or from a
         thread running no loop: the future of one submitted while another
         loop runs could not be awaited there (its body would run, and its
-        awaiting task fail)."""
+        awaiting task fail). Its waits run on its loop too (awaited on
+        another, asyncio.wait on its futures never returned)."""
         running = asyncio._get_running_loop()
         if running is not None and running is not self.loop:
             raise StateError(
                 "this AsyncEngine belongs to the event loop %s, and this thread runs another one, %s: "
-                "submit on the engine's loop (asyncio.run_coroutine_threadsafe) or make an engine "
-                "on this loop" % (_loop_name(self.loop), _loop_name(running)))
+                "%s on the engine's loop (asyncio.run_coroutine_threadsafe) or make an engine "
+                "on this loop" % (_loop_name(self.loop), _loop_name(running), doing))
 
     def submitted(self, fut: AnyFuture, op_id: int) -> None:
         with self.lock:
@@ -1811,6 +1812,7 @@ async def _await_pending(core: _Core, which: Callable[[_OpState], bool],
     """Waits for the pending futures ``which`` selects; without
     ``started_async_too``, not for those of async operations already
     started and not finished (looked at again each time around)."""
+    core.check_loop("wait")
     loop = asyncio.get_running_loop()
     deadline = None if timeout is None else loop.time() + timeout
     while True:
@@ -2032,6 +2034,8 @@ class AsyncEngine(_EngineBase):
     async def aclose(self, timeout: Optional[float] = 30.0) -> None:
         """Cancels everything, lets the completions arrive through the loop,
         then frees the engine."""
+        if not self.closed:
+            self._core.check_loop("close")   # (its reader is the loop's to remove)
         try:
             if not self.closed:
                 self.cancel_all()

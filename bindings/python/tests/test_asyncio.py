@@ -332,6 +332,12 @@ def test_submits_from_another_running_loop_are_refused_before_anything_is_submit
                 lambda: q.get(server.url("/json?from=other-loop")),
                 lambda: q.get_many([server.url("/json?from=other-loop")]),
                 lambda: q.asubmit(ran.append, 3),           # a coroutine: awaited below
+                # waits and aclose too: asyncio.wait on the engine's futures
+                # from this loop never returned (the review of the session's
+                # own changes)
+                lambda: q.engine.wait_idle(),
+                lambda: q.wait(),
+                lambda: q.engine.aclose(),
             ]
             messages = []
             for attempt in attempts:
@@ -348,10 +354,11 @@ def test_submits_from_another_running_loop_are_refused_before_anything_is_submit
             q = engine.queue("loops")
             mine = asyncio.get_running_loop()
             messages, theirs = await asyncio.to_thread(other_loop_thread, q)   # bounded by run()
-            assert len(messages) == 5
+            assert len(messages) == 8
             for message in messages:
                 assert "%#x" % id(mine) in message and "%#x" % theirs in message, message
             assert ran == [] and engine.pending_count == 0 and engine.stats()["submitted"] == 0
+            assert not engine.closed                    # aclose from the other loop refused
             # no loop running in the submitting thread: as before
             fut = await asyncio.to_thread(q.submit, lambda: 7)
             assert isinstance(fut, fetchq.AsyncFuture) and fut.get_loop() is mine
