@@ -813,6 +813,7 @@ typedef struct {
     fq_queue *q;
     atomic_int shutdown_rcs, other_rcs, attempts;
     atomic_int queue_new_null;
+    atomic_int body_started;
     rec rejected[SUBMIT_KINDS];
     rec self;
 } during_free;
@@ -852,6 +853,7 @@ static void submit_in_callback_during_free(const fq_result *res, void *userdata)
 
 static json_t *submit_in_body_during_free(fq_op *op, void *userdata) {
     during_free *d = userdata;
+    atomic_store(&d->body_started, 1);
     long long deadline = fqt_now_ms() + h_scaled_ms(FQT_LONG_MS);
     while (!fq_op_is_cancelled(op) && fqt_now_ms() < deadline) fqt_sleep_ms(1);
     submit_everything(d);
@@ -875,7 +877,9 @@ static void submit_during_free(const char *config) {
     cb.q = body.q = q;
     REQUIRE(fq_submit_block(paused, body_noop, NULL, submit_in_callback_during_free, &cb) > 0);
     REQUIRE(fq_submit_block(q, submit_in_body_during_free, NULL, NULL, &body) > 0);
-    REQUIRE(WAIT_UNTIL(fqt_stat(e, "running", -1) == 1, FQT_LONG_MS));
+    /* Running, not only started: one cancelled before a worker took it up
+     * would end without its body. */
+    REQUIRE(WAIT_UNTIL(atomic_load(&body.body_started) == 1, FQT_LONG_MS));
     fqt_engine_free(e);
     CHECK_EQ_INT(atomic_load(&cb.self.calls), 1);
     CHECK_EQ_INT(cb.self.outcome, FQ_CANCELLED);
