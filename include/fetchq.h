@@ -380,8 +380,11 @@ int fq_engine_set_log_fn(fq_engine *engine, fq_log_fn fn, void *userdata);
  *  for the whole process, not this engine: "bytes" is the room the engine
  *  threads of all engines hold for freed jansson blocks, taken 256 KiB at a
  *  time; they keep at most that much, and it is at most "limit", 64 MiB)}.
- *  Coalesced transfers are counted once in "running";
- *  the operations sharing them count as "queued" until they end.
+ *  Coalesced transfers are counted once in "running" while their first
+ *  caller runs them (one taken over by an internal operation, its first
+ *  caller having left, counts none); the operations sharing them count as
+ *  "queued" until they end, so submitted = succeeded + failed + cancelled +
+ *  queued + running.
  * "queued" counts operations waiting (for dependencies, a slot or resume),
  * "undelivered" finished operations whose callback has not yet returned. */
 json_t *fq_engine_stats(fq_engine *engine);
@@ -534,15 +537,19 @@ fq_op_id fq_submit_async(fq_queue *queue, fq_async_fn fn, const json_t *options,
  *                joins only a transfer with the same "max_wait_ms";
  *                "only-if-cached" and "stale-while-revalidate" never coalesce.
  *                An operation the cache answers without the network
- *                ("only-if-cached", or "default" with a fresh entry at submit)
- *                takes no "max_per_host" slot or "rate_limits" token (one whose
- *                entry goes stale while it waits in its queue is revalidated
- *                all the same).
+ *                ("only-if-cached", or "default" with a fresh entry in memory
+ *                at submit) takes no "max_per_host" slot or "rate_limits"
+ *                token (one whose entry goes stale while it waits in its
+ *                queue is revalidated all the same). An entry only in the
+ *                cache's file (from an earlier engine; not yet read) is read
+ *                when the operation runs: it answers without the network
+ *                but after a slot and a token, like a request.
  *                A request with another method than GET, HEAD, OPTIONS or
  *                TRACE that gets a status below 400 removes every entry for
  *                its URL (RFC 9111 §4.4).
- *                A stale entry whose response said "must-revalidate" is never
- *                served without the server (RFC 9111 §5.2.2.2):
+ *                A stale entry whose response said "must-revalidate" or
+ *                "no-cache" (which makes an entry stale at once) is never
+ *                served without the server (RFC 9111 §5.2.2.2, §5.2.2.4):
  *                "only-if-cached" fails with FQ_ERR_CACHE_MISS, and
  *                "stale-while-revalidate" sends no update event and keeps no
  *                stale value.
@@ -920,7 +927,10 @@ const unsigned char *fq_result_marshal(const fq_result *result, size_t *len);
  * For a transfer that failed, what was measured before it failed (a timeout's
  * "total_ms", the "redirects" followed; "http_version" "" when no response
  * arrived); zeros for what never started. With retries, the times and sizes
- * are the last attempt's and "attempts" counts them all. NULL for a network
+ * are the last attempt's and "attempts" counts them all. An operation that
+ * shared another's transfer ("coalesce") reports that transfer's timings and
+ * sizes ("queue_wait_ms" included: the first caller's), not its own wait and
+ * lifetime. NULL for a network
  * operation that ended before a transfer's result (cancelled in its queue or
  * while it waited for a retry, or failed at start). */
 json_t *fq_result_metrics(const fq_result *result);

@@ -271,6 +271,9 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         /// FIFO entries made stale since the queue's FIFOs were last
         /// compacted (see `noteStale`).
         var staleEntries = 0
+        /// Running internal operations (carriers), counted in
+        /// `counters.running` (they hold a slot) but not in the stats.
+        var internalRunning = 0
         /// Unfinished operations, oldest first (a list through `Op.prev/next`).
         var head: Int32 = -1
         var tail: Int32 = -1
@@ -311,6 +314,11 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
     /// `counters.running` counts them (they hold a slot), but no caller
     /// waits for their callback (`Engine.stats`'s "undelivered").
     private(set) var internalRunning = 0
+
+    private mutating func noteInternalRunning(_ q: QueueID, _ delta: Int) {
+        internalRunning += delta
+        queues[q].internalRunning += delta
+    }
     private var lanes: [Lane] = []
     private var rings: [Ring<ReadyEntry>] = []
     /// Lanes of forgotten queues, for new lanes to take (their rings emptied).
@@ -1109,7 +1117,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
             queues[q].counters.running -= 1
             counters.running -= 1
             if slots[s].host != 0 { hosts[Int(slots[s].host)].running -= 1 }  // as counted at the start
-            if slots[s].isInternal { internalRunning -= 1 }
+            if slots[s].isInternal { noteInternalRunning(q, -1) }
         }
         retire(s, outcome, payload, byCancel: outcome == .cancelled && slots[s].cancelRequested, now: now, into: &actions)
         schedule(now: now, into: &actions)
@@ -1546,7 +1554,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
             countQueued(q, -1, isInternal: slots[s].isInternal)
             queues[q].counters.running += 1
             counters.running += 1
-            if slots[s].isInternal { internalRunning += 1 }
+            if slots[s].isInternal { noteInternalRunning(q, 1) }
             let host = Int(slots[s].host)
             if host != 0 {
                 hosts[host].running += 1
@@ -1590,7 +1598,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         let q = slots[s].queue
         queues[q].counters.running -= 1
         counters.running -= 1
-        if slots[s].isInternal { internalRunning -= 1 }
+        if slots[s].isInternal { noteInternalRunning(q, -1) }
         countQueued(q, 1, isInternal: slots[s].isInternal)
         if slots[s].host != 0 { hosts[Int(slots[s].host)].running -= 1 }
         retries.insert(id, key: until)
@@ -1619,7 +1627,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         liveCount += 1
         listAppend(n, queue: q)
         slots[n].state = .running  // the queue's and host's running counts stay as they are
-        internalRunning += 1
+        noteInternalRunning(q, 1)
         retire(s, .cancelled, nil, byCancel: true, now: now, into: &actions)
         schedule(now: now, into: &actions)
         return newID
