@@ -537,13 +537,11 @@ fq_op_id fq_submit_async(fq_queue *queue, fq_async_fn fn, const json_t *options,
  *                joins only a transfer with the same "max_wait_ms";
  *                "only-if-cached" and "stale-while-revalidate" never coalesce.
  *                An operation the cache answers without the network
- *                ("only-if-cached", or "default" with a fresh entry in memory
- *                at submit) takes no "max_per_host" slot or "rate_limits"
- *                token (one whose entry goes stale while it waits in its
- *                queue is revalidated all the same). An entry only in the
- *                cache's file (from an earlier engine; not yet read) is read
- *                when the operation runs: it answers without the network
- *                but after a slot and a token, like a request.
+ *                ("only-if-cached", or "default" with a fresh entry at submit,
+ *                one in the cache's file from an earlier engine included:
+ *                the submit reads it) takes no "max_per_host" slot or
+ *                "rate_limits" token (one whose entry goes stale while it
+ *                waits in its queue is revalidated all the same).
  *                A request with another method than GET, HEAD, OPTIONS or
  *                TRACE that gets a status below 400 removes every entry for
  *                its URL (RFC 9111 §4.4).

@@ -250,6 +250,36 @@ import Testing
         }
     }
 
+    /// The same for a fresh entry only in the cache's file (stored by an
+    /// earlier engine): it waited for the host's slot and a rate token before
+    /// answering (the scenario review: 1.9 s for 20 entries at 10/s).
+    @Test func freshHitsFromTheCacheFileTakeNoHostSlotOrRateToken() throws {
+        var template = Array("/tmp/fetchq-cache-XXXXXX".utf8CString)
+        let dir = String(cString: try #require(template.withUnsafeMutableBufferPointer { mkdtemp($0.baseAddress!) }))
+        defer {
+            for s in ["", "-wal", "-shm"] { unlink(dir + "/c.db" + s) }
+            rmdir(dir)
+        }
+        let urls = (0..<3).map { server.url("/cache?max_age=600&key=file-\($0)") }
+        try withEngine(#"{"cache": {"path": "\#(dir)/c.db"}}"#) { engine, queue, c in
+            for url in urls {
+                let stored = try #require(c.wait(try engine.request(#"{"url": "\#(url)"}"#, on: queue, c)))
+                #expect(stored.outcome == .succeeded && !stored.fromCache)
+            }
+        }
+        let host = "127.0.0.1:\(server.port)"
+        try withEngine(#"{"cache": {"path": "\#(dir)/c.db"}, "max_per_host": 1, "#
+                       + #""rate_limits": {"\#(host)": {"per_second": 0.001, "burst": 1}}}"#, queue: 4) { engine, queue, c in
+            let stalled = try engine.request(#"{"url": "\#(server.url("/stall"))"}"#, on: queue, c)
+            for url in urls {
+                let hit = try #require(c.wait(try engine.request(#"{"url": "\#(url)"}"#, on: queue, c)), "still waiting")
+                #expect(hit.outcome == .succeeded && hit.fromCache)
+            }
+            try engine.cancel(stalled)
+            #expect(engine.waitIdle(timeoutMs: 10_000) == .ok)
+        }
+    }
+
     @Test func staleWhileRevalidateKeepsTheStaleValueWhenTheRefreshFails() throws {
         var url = ""
         try withEngine { engine, queue, c in

@@ -220,20 +220,24 @@ public final class HTTPCache: Sendable {
         return Self.classify(entry, now: now, requestCacheControl: requestCacheControl)
     }
 
-    /// Whether a fresh entry for `key` is in memory now (see ``lookup(_:now:requestCacheControl:)``
-    /// for what fresh means): a look, not a lookup. It counts nothing, leaves the recency
-    /// order as it is and does not read the file.
+    /// Whether a fresh entry for `key` is held now (see ``lookup(_:now:requestCacheControl:)``
+    /// for what fresh means): a look, not a lookup. It counts nothing and leaves the recency
+    /// order of what is in memory as it is; an entry only in the file (stored by an earlier
+    /// instance, not read yet) is read into memory, as the lookup that follows would.
     public func hasFresh(_ key: String, now: Double, requestCacheControl: String? = nil) -> Bool {
-        let found = state.withLock { state in state.entries.slot(of: key).map { state.entries.entry(at: $0) } }
+        let found = state.withLock { state -> Entry? in
+            if let slot = state.entries.slot(of: key) { return state.entries.entry(at: slot) }
+            return state.cold.contains(key) ? loadFromFile(key, &state) : nil
+        }
         guard let found, case .fresh = Self.classify(found, now: now, requestCacheControl: requestCacheControl) else {
             return false
         }
         return true
     }
 
-    /// Nothing is held in memory (what ``hasFresh(_:now:requestCacheControl:)`` looks at):
-    /// a caller may skip making a key.
-    public var holdsNothingInMemory: Bool { state.withLock { $0.entries.count == 0 } }
+    /// Nothing is held, in memory or in the file (what ``hasFresh(_:now:requestCacheControl:)``
+    /// looks at): a caller may skip making a key.
+    public var holdsNothing: Bool { state.withLock { $0.entries.count == 0 && $0.cold.count == 0 } }
 
     private static func classify(_ entry: Entry, now: Double, requestCacheControl: String?) -> Lookup {
         guard entry.isFresh(at: now) else { return .stale(entry) }

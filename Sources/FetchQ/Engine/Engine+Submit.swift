@@ -241,7 +241,7 @@ extension Engine {
             return httpCache != nil && job.cacheKey != nil
         case .default:
             // (The key costs more to make than this look, on every GET's submit.)
-            guard let cache = httpCache, !cache.holdsNothingInMemory, let key = job.cacheKey else { return false }
+            guard let cache = httpCache, !cache.holdsNothing, let key = job.cacheKey else { return false }
             return cache.hasFresh(key, now: wallClockSeconds(), requestCacheControl: job.requestCacheControl)
         case .reload, .staleWhileRevalidate:
             return false
