@@ -175,10 +175,10 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         /// lock, 4 096 finishes later, that read was a cache miss).
         var payloadIsLight = false
         var outcome: Outcome = .succeeded
-        /// The level it first became ready at (set by `book`, or by a new
-        /// priority before it was ready): its FIFO entry there carries `seq`.
-        /// At any other level its entry carries `Links.movedSeq` (in a byte
-        /// the layout leaves free).
+        /// The level it was submitted at (set by `book`): its FIFO entry
+        /// there carries `seq`, its place in submission order. At any other
+        /// level its entry carries `Links.movedSeq` (`setPriority`). In a
+        /// byte the layout leaves free.
         var firstLevel: Int8 = 0
         var waitingOn: Int32 = 0
         /// The queue's list of unfinished operations (slot numbers, -1 none).
