@@ -48,6 +48,7 @@ from typing import (
 )
 
 from . import _ffi
+from . import errors as _errors_module
 from ._ffi import (
     FQ_CANCELLED, FQ_ERR_DEPENDENCY, FQ_ERR_HTTP, FQ_ERR_NOT_FOUND, FQ_ERR_PARSE,
     FQ_ERR_OPERATION, FQ_EVENT_CHILD, FQ_EVENT_PROGRESS, FQ_EVENT_UPDATE, FQ_FAILED,
@@ -382,6 +383,11 @@ class Response(_HeldHTTPParts):
     def __repr__(self) -> str:
         return "<fetchq.Response op=%d status=%d %d bytes>" % (
             self.op_id, self.status, len(self.body))
+
+
+# errors.py names Response in annotations but cannot import it (this module
+# imports errors): bound there now, so typing.get_type_hints resolves them.
+setattr(_errors_module, "Response", Response)
 
 
 _OUTCOMES = {FQ_SUCCEEDED: "succeeded", FQ_FAILED: "failed", FQ_CANCELLED: "cancelled"}

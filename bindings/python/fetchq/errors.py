@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Dict, Optional, Type
 
-if TYPE_CHECKING:   # (a runtime import would be circular: _engine imports this module)
+if TYPE_CHECKING:   # (a runtime import would be circular: _engine imports this module and binds
+    # Response here once it defines it, for typing.get_type_hints)
     from ._engine import Response
 
 __all__ = [
