@@ -21,8 +21,9 @@ enum Interrupt {
         }
         guard let fds = makePipe() else { return }
         let readEnd = fds.read
-        interruptPipeWrite = fds.write
-        startThread {
+        // Without a watcher thread (the system refused one) Ctrl-C keeps
+        // its default action: it ends the process at once, status 130.
+        let watcher = startThread {
             var byte: UInt8 = 0
             while true {
                 let n = read(readEnd, &byte, 1)
@@ -33,6 +34,12 @@ enum Interrupt {
             signal(SIGINT, SIG_DFL)
             onInterrupt()
         }
+        guard watcher != nil else {
+            close(fds.read)
+            close(fds.write)
+            return
+        }
+        interruptPipeWrite = fds.write
         var action = sigaction()
         action.__sigaction_handler.sa_handler = { _ in
             let saved = errno

@@ -21,6 +21,8 @@ final class Session: Sendable {
 
     /// Creates the engine (config: --per-host, plus `search` for searches).
     /// An option the engine rejects is a usage error: its message, exit 2.
+    /// An engine that cannot start (the system refused it a thread) is
+    /// not: its message, exit 1.
     init(_ common: CommonOptions, search: JSONRef? = nil, extraOptions: [(String, JSONRef)] = []) throws {
         console = Console()
         let config = JSONRef.object()
@@ -31,7 +33,7 @@ final class Session: Sendable {
             queue = try engine.makeQueue(name: "fetchq", maxConcurrent: common.concurrency)
         } catch {
             console.error(error.message)
-            throw ExitCode(2)
+            throw ExitCode(Self.exitStatus(refused: error))
         }
         console.onWriteError { [engine] in _ = engine.cancelAll() }
         progress = Progress(console: console, visible: isatty(2) == 1 && !common.noProgress)
@@ -52,6 +54,13 @@ final class Session: Sendable {
                 }
             }
         }
+    }
+
+    /// The exit status for an error of the engine before anything was sent:
+    /// 2 (usage) when it rejected what it was given, 1 when it could not do
+    /// it (no thread, memory or file for it).
+    static func exitStatus(refused error: FetchQError) -> Int32 {
+        error.status == .invalid || error.status == .notFound ? 2 : 1
     }
 
     /// Ctrl-C was pressed: what is still being written may stop.
@@ -78,7 +87,7 @@ final class Session: Sendable {
                 _ = engine.cancelAll()
                 _ = engine.waitIdle(timeoutMs: -1)
                 _ = engine.shutdown()
-                throw ExitCode(2)
+                throw ExitCode((error as? FetchQError).map(Self.exitStatus(refused:)) ?? 2)
             }
         }
         if interrupted.load(ordering: .sequentiallyConsistent) { _ = engine.cancelAll() }

@@ -6,16 +6,20 @@ private final class ThreadBody {
     init(_ run: @escaping @Sendable () -> Void) { self.run = run }
 }
 
-/// Starts a joinable pthread running `body`.
-@discardableResult
-func startThread(_ body: @escaping @Sendable () -> Void) -> pthread_t {
+/// Starts a joinable pthread running `body`; nil when the system refuses a
+/// thread (its limit on threads or processes, or memory for the stack):
+/// the callers go on without what the thread would have done.
+func startThread(_ body: @escaping @Sendable () -> Void) -> pthread_t? {
     let box = Unmanaged.passRetained(ThreadBody(body)).toOpaque()
     var tid = pthread_t()
     let rc = pthread_create(&tid, nil, { raw in
         Unmanaged<ThreadBody>.fromOpaque(raw!).takeRetainedValue().run()
         return nil
     }, box)
-    precondition(rc == 0, "pthread_create failed: \(rc)")
+    guard rc == 0 else {
+        Unmanaged<ThreadBody>.fromOpaque(box).release()
+        return nil
+    }
     return tid
 }
 

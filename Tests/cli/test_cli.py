@@ -679,6 +679,37 @@ def test_an_ignored_sigint_stays_ignored(cli, server):
     assert lines(out)[0]["json"] == {"delayed": 400}
 
 
+def test_no_thread_to_spare_is_an_error_not_a_crash(cli, server):
+    # Each thread reserves an 8 MiB stack: raising RLIMIT_AS step by step
+    # lets the system refuse, in turn, the engine's threads, the CLI's Ctrl-C
+    # watcher and the transport's. The watcher's refusal stopped the process
+    # (SIGILL, no message); the engine's was called a usage error (exit 2).
+    import resource
+
+    def under(limit_mib):
+        limit = limit_mib << 20
+        return subprocess.run([cli, "get", "--no-progress", server + "/json?size=10"], capture_output=True,
+                              timeout=60, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
+
+    seen = {}
+    for mib in range(24, 400, 2):
+        r = under(mib)
+        if r.returncode == 127:     # the loader could not map the libraries yet
+            continue
+        assert r.returncode in (0, 1), (mib, r.returncode, r.stderr)
+        if r.returncode == 1:
+            assert re.search(rb"cannot start (the engine's thread|the transport).*pthread_create failed", r.stderr), \
+                (mib, r.stderr)
+            seen.setdefault(b"engine's thread" in r.stderr, mib)
+        else:
+            assert [l["url"] for l in lines(r.stdout)] == [server + "/json?size=10"], r.stdout
+            seen["ok"] = mib
+            break
+    # the scan crossed the engine's refusal, the transport's and then a run that worked
+    assert set(seen) == {True, False, "ok"}, seen
+    assert seen[True] < seen[False] < seen["ok"], seen
+
+
 def test_input_reads_urls_and_queries_from_a_file_or_stdin(cli, server, tmp_path):
     urls = tmp_path / "urls.txt"
     urls.write_bytes(b"".join(f"{server}/json?size={n}\r\n".encode() for n in range(1, 2001)) + b"\n\n")
