@@ -40,6 +40,17 @@
  *    blocks of its size are freed there stops the process with a message;
  *    a later second free goes unnoticed. Memory checkers (ASan, valgrind) see a kept block as
  *    allocated: run them with FETCHQ_JANSSON_CACHE=0.
+ *  - Signals. The engine's own threads (workers, the delivery thread, the
+ *    timer, the transfer threads) run with every signal blocked but the
+ *    synchronous ones (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS,
+ *    SIGABRT): the process's signals go to the application's threads, and
+ *    there a write into a closed pipe or past RLIMIT_FSIZE fails (EPIPE,
+ *    EFBIG) instead of ending the process; so a cache write past the limit
+ *    is skipped and a store write fails with FQ_ERR_STORE. Bodies and
+ *    callbacks that run there inherit that mask. On the application's
+ *    threads its own mask and dispositions apply: fq_engine_free() writes
+ *    the cache file's last pages, and the fq_store_* calls write the store,
+ *    on the calling thread (ignore SIGXFSZ to get an error instead).
  *  - dlclose() does not unload the library (it is linked -z nodelete): the
  *    allocation functions given to jansson and the destructors of its
  *    thread-specific data (fq_last_error's message) stay valid for threads

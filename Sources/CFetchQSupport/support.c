@@ -2,6 +2,7 @@
 #include "fq_support.h"
 
 #include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -76,14 +77,28 @@ void *fqs_current_release_list(void) { return current_release_list; }
 
 int fqs_eventfd(void) { return eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC); }
 
+/* The new thread inherits the creating thread's mask: it is set here around
+ * pthread_create. Synchronous signals stay deliverable (blocked, a fault's
+ * signal would kill the process past the host's handler). */
+static int create_masked(pthread_t *thread, const pthread_attr_t *attr, void *(*start)(void *), void *arg) {
+    sigset_t blocked, previous;
+    sigfillset(&blocked);
+    static const int synchronous[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS, SIGABRT};
+    for (size_t i = 0; i < sizeof synchronous / sizeof *synchronous; i++) sigdelset(&blocked, synchronous[i]);
+    pthread_sigmask(SIG_SETMASK, &blocked, &previous);
+    int rc = pthread_create(thread, attr, start, arg);
+    pthread_sigmask(SIG_SETMASK, &previous, NULL);
+    return rc;
+}
+
 int fqs_start_thread(void *thread, void *(*start)(void *), void *arg) {
     pthread_attr_t attr;
     size_t size = 0;
     if (pthread_getattr_default_np(&attr) != 0 && pthread_attr_init(&attr) != 0)
-        return pthread_create((pthread_t *)thread, NULL, start, arg);
+        return create_masked((pthread_t *)thread, NULL, start, arg);
     if (pthread_attr_getstacksize(&attr, &size) != 0 || size < FQS_THREAD_STACK)
         pthread_attr_setstacksize(&attr, FQS_THREAD_STACK);
-    int rc = pthread_create((pthread_t *)thread, &attr, start, arg);
+    int rc = create_masked((pthread_t *)thread, &attr, start, arg);
     pthread_attr_destroy(&attr);
     return rc;
 }

@@ -15,9 +15,13 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "fqt.h"
 
@@ -459,5 +463,134 @@ TEST(faults_engine_threads_ignore_a_small_default_stack) {
         netrec_clear(&n[i]);
     }
     fqt_engine_free(e);  /* the values are freed on the engine's threads */
+    fqt_server_stop(&s);
+}
+
+/* ------------------------------------------- signals on the engine's threads */
+
+typedef struct {
+    atomic_int seen;   /* bit 0: the body looked, bit 1: the callback */
+    atomic_int wrong;  /* a signal whose state on that thread was not as documented */
+} mask_probe;
+
+static int mask_is_as_documented(void) {
+    sigset_t now;
+    if (pthread_sigmask(SIG_BLOCK, NULL, &now) != 0) return 0;
+    static const int blocked[] = {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGALRM, SIGPIPE, SIGXFSZ, SIGUSR1};
+    static const int open[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS, SIGABRT};
+    for (size_t i = 0; i < sizeof blocked / sizeof *blocked; i++)
+        if (sigismember(&now, blocked[i]) != 1) return 0;
+    for (size_t i = 0; i < sizeof open / sizeof *open; i++)
+        if (sigismember(&now, open[i]) != 0) return 0;
+    return 1;
+}
+
+static json_t *mask_body(fq_op *op, void *userdata) {
+    (void)op;
+    mask_probe *p = userdata;
+    if (!mask_is_as_documented()) atomic_fetch_add(&p->wrong, 1);
+    atomic_fetch_or(&p->seen, 1);
+    return NULL;
+}
+
+static void mask_done(const fq_result *r, void *userdata) {
+    (void)r;
+    mask_probe *p = userdata;
+    if (!mask_is_as_documented()) atomic_fetch_add(&p->wrong, 2);
+    atomic_fetch_or(&p->seen, 2);
+}
+
+/* The process's signals go to the application's threads: a worker and the
+ * delivery thread block them, and leave the synchronous ones deliverable. */
+TEST(faults_engine_threads_block_the_process_signals) {
+    sigset_t none, saved;
+    sigemptyset(&none);
+    REQUIRE(pthread_sigmask(SIG_SETMASK, &none, &saved) == 0);  /* this thread blocks nothing */
+    fq_engine *e = fqt_engine(NULL);
+    fq_queue *q = fqt_queue(e, "q", 1);
+    mask_probe p = {0};
+    REQUIRE(fqt_block(q, mask_body, NULL, mask_done, &p) > 0);
+    CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));
+    CHECK_EQ_INT(atomic_load(&p.seen), 3);
+    CHECK_EQ_INT(atomic_load(&p.wrong), 0);
+    fqt_engine_free(e);
+    sigset_t after;
+    REQUIRE(pthread_sigmask(SIG_SETMASK, &saved, &after) == 0);
+    CHECK(sigismember(&after, SIGINT) == 0);  /* the caller's own mask is left as it was */
+}
+
+/* With SIGXFSZ at its default action, a write of the HTTP cache's file past
+ * RLIMIT_FSIZE on an engine thread ended the process; it is skipped (the
+ * entries stay in memory), as fetchq.h says of a write that cannot be done.
+ * Run in a child of its own: the limit and the signal would reach the
+ * harness's output. */
+/* How many requests the server saw on /cache. */
+static long long cache_hits(const fqt_server *s) {
+    json_t *stats = fqt_server_stats(s);
+    long long n = fqt_int(json_object_get(stats, "by_path"), "/cache", -1);
+    json_decref(stats);
+    return n;
+}
+
+TEST(faults_a_cache_write_past_the_file_size_limit_is_skipped) {
+    fqt_server s;
+    fqt_server_start(&s, NULL);
+    char dir[] = "/tmp/fq-fsize-XXXXXX";
+    REQUIRE(mkdtemp(dir) != NULL);
+    char config[256];
+    snprintf(config, sizeof config, "{\"log\": \"off\", \"cache\": {\"path\": \"%s/cache.db\"}}", dir);
+    fflush(NULL);
+    pid_t child = fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+        signal(SIGXFSZ, SIG_DFL);
+        fq_engine *e = fq_engine_new(fqt_json(config), NULL, 0);
+        if (!e) _exit(10);
+        fq_queue *q = fq_queue_new(e, "q", 4);
+        struct rlimit small = {.rlim_cur = 4096, .rlim_max = RLIM_INFINITY};
+        if (setrlimit(RLIMIT_FSIZE, &small) != 0) _exit(11);
+        enum { N = 40 };
+        static netrec n[N];
+        char url[200], path[64], request[300];
+        for (int i = 0; i < N; i++) {
+            snprintf(path, sizeof path, "/cache?key=fsize-%d&max_age=600", i);
+            snprintf(request, sizeof request, "{\"url\": \"%s\"}", fqt_url(&s, path, url, sizeof url));
+            json_t *req = fqt_json(request);
+            if (fq_submit_request(q, req, NULL, net_done, &n[i]) <= 0) _exit(12);
+            json_decref(req);
+        }
+        if (fq_engine_wait_idle(e, FQT_LONG_MS) != FQ_OK) _exit(13);
+        int ok = 0;
+        for (int i = 0; i < N; i++) ok += atomic_load(&n[i].r.calls) == 1 && n[i].r.outcome == FQ_SUCCEEDED;
+        /* the entries stayed in memory: asked again, nothing is sent */
+        long long before = cache_hits(&s);
+        for (int i = 0; i < N; i++) {
+            netrec_clear(&n[i]);
+            memset(&n[i], 0, sizeof n[i]);
+            snprintf(path, sizeof path, "/cache?key=fsize-%d&max_age=600", i);
+            snprintf(request, sizeof request, "{\"url\": \"%s\"}", fqt_url(&s, path, url, sizeof url));
+            json_t *req = fqt_json(request);
+            if (fq_submit_request(q, req, NULL, net_done, &n[i]) <= 0) _exit(14);
+            json_decref(req);
+        }
+        if (fq_engine_wait_idle(e, FQT_LONG_MS) != FQ_OK) _exit(15);
+        int again = 0;
+        for (int i = 0; i < N; i++) again += atomic_load(&n[i].r.calls) == 1 && n[i].r.outcome == FQ_SUCCEEDED;
+        long long sent = cache_hits(&s) - before;
+        /* fq_engine_free writes the file's last pages on this thread, where
+         * the application's own disposition of SIGXFSZ applies (fetchq.h) */
+        struct rlimit unlimited = {.rlim_cur = RLIM_INFINITY, .rlim_max = RLIM_INFINITY};
+        if (setrlimit(RLIMIT_FSIZE, &unlimited) != 0) _exit(16);
+        fq_engine_free(e);
+        _exit(ok == N && again == N && sent == 0 ? 0 : 20);
+    }
+    int status = 0;
+    REQUIRE(waitpid(child, &status, 0) == child);
+    if (WIFSIGNALED(status)) h_note("the child ended by signal %d", WTERMSIG(status));
+    CHECK(WIFEXITED(status));
+    CHECK_EQ_INT(WIFEXITED(status) ? WEXITSTATUS(status) : -1, 0);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    CHECK_EQ_INT(system(cmd), 0);
     fqt_server_stop(&s);
 }

@@ -30,7 +30,11 @@ void fqs_set_thread_name(const char *name);
  * FQS_THREAD_STACK bytes, whatever default stack size the host process set
  * (ulimit -s, pthread_setattr_default_np): bodies, callbacks and jansson's
  * recursive json_delete of a 2048-deep value run there. A larger default is
- * kept. Returns pthread_create's result. */
+ * kept. The thread starts with every signal blocked but the synchronous
+ * ones (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS, SIGABRT): the
+ * process's signals go to the application's threads, and a write past
+ * RLIMIT_FSIZE or into a closed pipe fails (EFBIG, EPIPE) instead of ending
+ * the process. Returns pthread_create's result. */
 #define FQS_THREAD_STACK (8u << 20)
 int fqs_start_thread(void *thread, void *(*start)(void *), void *arg);
 

@@ -46,12 +46,8 @@ package final class CurlTransport: HTTPTransport, @unchecked Sendable {
         core.onTurn = onTurn
         self.core = core
 
-        // The loop thread starts with every signal blocked, so process signals go
-        // to the application's threads and a SIGPIPE from a dead socket becomes EPIPE.
-        var all = sigset_t()
-        var previous = sigset_t()
-        sigfillset(&all)
-        pthread_sigmask(SIG_SETMASK, &all, &previous)
+        // The loop thread starts with the process's signals blocked (see
+        // fqs_start_thread): a SIGPIPE from a dead socket becomes EPIPE.
         var thread = pthread_t()
         let context = Unmanaged.passRetained(core).toOpaque()
         let rc = fqs_start_thread(&thread, { context in
@@ -60,7 +56,6 @@ package final class CurlTransport: HTTPTransport, @unchecked Sendable {
             core.run()
             return nil
         }, context)
-        pthread_sigmask(SIG_SETMASK, &previous, nil)
         guard rc == 0 else {
             Unmanaged<CurlLoop>.fromOpaque(context).release()
             throw TransportError(kind: .network, message: "pthread_create failed: \(String(cString: strerror(rc))) (each engine thread reserves an 8 MiB stack)")
