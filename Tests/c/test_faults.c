@@ -532,6 +532,21 @@ static long long cache_hits(const fqt_server *s) {
     return n;
 }
 
+/* GETs /cache?key=fsize-I (cacheable for 600 s) for I < n and waits for
+ * them; false when a submit or the wait failed. */
+static bool get_cached_keys(fq_engine *e, fq_queue *q, const fqt_server *s, netrec *n, int count) {
+    char url[200], path[64], request[300];
+    for (int i = 0; i < count; i++) {
+        snprintf(path, sizeof path, "/cache?key=fsize-%d&max_age=600", i);
+        snprintf(request, sizeof request, "{\"url\": \"%s\"}", fqt_url(s, path, url, sizeof url));
+        json_t *req = fqt_json(request);
+        fq_op_id id = fq_submit_request(q, req, NULL, net_done, &n[i]);
+        json_decref(req);
+        if (id <= 0) return false;
+    }
+    return fq_engine_wait_idle(e, FQT_LONG_MS) == FQ_OK;
+}
+
 TEST(faults_a_cache_write_past_the_file_size_limit_is_skipped) {
     fqt_server s;
     fqt_server_start(&s, NULL);
@@ -551,15 +566,7 @@ TEST(faults_a_cache_write_past_the_file_size_limit_is_skipped) {
         if (setrlimit(RLIMIT_FSIZE, &small) != 0) _exit(11);
         enum { N = 40 };
         static netrec n[N];
-        char url[200], path[64], request[300];
-        for (int i = 0; i < N; i++) {
-            snprintf(path, sizeof path, "/cache?key=fsize-%d&max_age=600", i);
-            snprintf(request, sizeof request, "{\"url\": \"%s\"}", fqt_url(&s, path, url, sizeof url));
-            json_t *req = fqt_json(request);
-            if (fq_submit_request(q, req, NULL, net_done, &n[i]) <= 0) _exit(12);
-            json_decref(req);
-        }
-        if (fq_engine_wait_idle(e, FQT_LONG_MS) != FQ_OK) _exit(13);
+        if (!get_cached_keys(e, q, &s, n, N)) _exit(12);
         int ok = 0;
         for (int i = 0; i < N; i++) ok += atomic_load(&n[i].r.calls) == 1 && n[i].r.outcome == FQ_SUCCEEDED;
         /* the entries stayed in memory: asked again, nothing is sent */
@@ -567,13 +574,8 @@ TEST(faults_a_cache_write_past_the_file_size_limit_is_skipped) {
         for (int i = 0; i < N; i++) {
             netrec_clear(&n[i]);
             memset(&n[i], 0, sizeof n[i]);
-            snprintf(path, sizeof path, "/cache?key=fsize-%d&max_age=600", i);
-            snprintf(request, sizeof request, "{\"url\": \"%s\"}", fqt_url(&s, path, url, sizeof url));
-            json_t *req = fqt_json(request);
-            if (fq_submit_request(q, req, NULL, net_done, &n[i]) <= 0) _exit(14);
-            json_decref(req);
         }
-        if (fq_engine_wait_idle(e, FQT_LONG_MS) != FQ_OK) _exit(15);
+        if (!get_cached_keys(e, q, &s, n, N)) _exit(14);
         int again = 0;
         for (int i = 0; i < N; i++) again += atomic_load(&n[i].r.calls) == 1 && n[i].r.outcome == FQ_SUCCEEDED;
         long long sent = cache_hits(&s) - before;
