@@ -1660,3 +1660,44 @@ TEST_T(misuse_engine_free_from_an_event_fn, 60) {
     fqt_engine_free(x.e);
     fqt_server_stop(&srv);
 }
+
+/* A file that cannot be opened says why, in the system's words: SQLite's
+ * "unable to open database file" alone did not, nor "eventfd failed: errno
+ * 24". Out of descriptors: every descriptor up to a low RLIMIT_NOFILE is
+ * taken, then given back. */
+TEST(misuse_files_that_cannot_be_opened_say_why) {
+    char errbuf[512] = "";
+    CHECK(fq_store_open("/nonexistent-fetchq-dir/x/store.db", errbuf, sizeof errbuf) == NULL);
+    CHECK_CONTAINS(errbuf, "No such file or directory");
+
+    char dir[] = "/tmp/fq-misuse-nofile-XXXXXX";
+    REQUIRE(mkdtemp(dir) != NULL);
+    char path[128];
+    snprintf(path, sizeof path, "%s/store.db", dir);
+    struct rlimit old;
+    REQUIRE(getrlimit(RLIMIT_NOFILE, &old) == 0);
+    struct rlimit low = old;
+    low.rlim_cur = 64;
+    REQUIRE(setrlimit(RLIMIT_NOFILE, &low) == 0);
+    int taken[64], n = 0;
+    while (n < 64) {
+        int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        if (fd < 0) break;
+        taken[n++] = fd;
+    }
+    fq_store *s = fq_store_open(path, errbuf, sizeof errbuf);
+    char store_message[512];
+    snprintf(store_message, sizeof store_message, "%s", errbuf);
+    fq_engine *e = fq_engine_new(fqt_json("{\"delivery\": \"poll\"}"), errbuf, sizeof errbuf);
+    for (int i = 0; i < n; i++) close(taken[i]);
+    REQUIRE(setrlimit(RLIMIT_NOFILE, &old) == 0);
+    CHECK(s == NULL);
+    CHECK_CONTAINS(store_message, "Too many open files");
+    CHECK(e == NULL);
+    CHECK_CONTAINS(errbuf, "Too many open files");
+    fq_store_free(s);
+    fq_engine_free(e);
+    char cmd[160];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    CHECK_EQ_INT(system(cmd), 0);
+}

@@ -67,7 +67,7 @@ final class Delivery: @unchecked Sendable {
         self.delivered = delivered
         if mode == .poll {
             eventFD = fqs_eventfd()
-            if eventFD < 0 { throw FetchQError(.noMemory, "eventfd failed: errno \(errno)") }
+            if eventFD < 0 { throw FetchQError(.noMemory, "eventfd failed: " + String(cString: strerror(errno))) }
         } else {
             eventFD = -1
         }

@@ -1,4 +1,5 @@
 import CSQLite
+import Glibc
 
 /// `SQLITE_TRANSIENT` (a macro, `((sqlite3_destructor_type)-1)`): SQLite copies the bytes
 /// before the bind call returns.
@@ -66,8 +67,8 @@ final class SQLiteConnection<Failure: Error> {
         let rc = sqlite3_open_v2(path, &handle, flags, nil)
         guard rc == SQLITE_OK, let handle else {
             let message =
-                handle.map { String(cString: sqlite3_errmsg($0)) }
-                ?? String(cString: sqlite3_errstr(rc))
+                (handle.map { String(cString: sqlite3_errmsg($0)) }
+                ?? String(cString: sqlite3_errstr(rc))) + Self.systemReason(handle, rc)
             sqlite3_close_v2(handle)
             throw mapError(
                 SQLiteError(
@@ -325,7 +326,22 @@ final class SQLiteConnection<Failure: Error> {
         let status: FQStatus = rc & 0xFF == SQLITE_NOMEM ? .noMemory : .store
         return mapError(
             SQLiteError(
-                reason: .failed(detail: "\(what): \(message) (SQLite code \(rc))"),
+                reason: .failed(detail: "\(what): \(message) (SQLite code \(rc))\(Self.systemReason(db, rc))"),
                 status: status, code: rc))
+    }
+
+    /// ": REASON" — the system's reason (strerror of the errno SQLite saw)
+    /// when `rc` says a file could not be opened, read or written ("unable
+    /// to open database file" alone does not say whether the directory is
+    /// missing, read-only or out of descriptors); "" otherwise.
+    static func systemReason(_ db: OpaquePointer?, _ rc: Int32) -> String {
+        switch rc & 0xFF {
+        case SQLITE_CANTOPEN, SQLITE_IOERR, SQLITE_FULL, SQLITE_READONLY, SQLITE_PERM:
+            guard let db else { return "" }
+            let errno = sqlite3_system_errno(db)
+            return errno > 0 ? ": " + String(cString: strerror(errno)) : ""
+        default:
+            return ""
+        }
     }
 }
