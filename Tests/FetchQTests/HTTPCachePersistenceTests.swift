@@ -45,6 +45,43 @@ private func withCacheDirectory<R>(_ body: (String) throws -> R) throws -> R {
         return (0..<count).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ seed) }
     }
 
+    /// Another process stored an entry that is stale at once (max-age=0) after a lookup read
+    /// the clock and before it read the file (while it waited for the cache's lock): judged
+    /// at the earlier time, it looked fresh and was served without asking the server (the
+    /// seventh review, four processes sharing a file). The clock is now read after the
+    /// entry. Here the other instance writes its row when `now` is evaluated: read before
+    /// the file, the lookup got that row, stale a moment later but fresh at `now`.
+    @Test func aLookupReadsTheClockAfterTheEntry() throws {
+        try withCacheDirectory { dir in
+            let path = dir + "/cache.sqlite"
+            let writer = try HTTPCache(maxBytes: 1 << 20, persistPath: path)
+            let reader = try HTTPCache(maxBytes: 1 << 20, persistPath: path)
+            let staleAtOnce: Headers = [("Cache-Control", "max-age=0"), ("ETag", "\"v1\"")]
+            func storedByTheOtherProcess(at time: Double) -> Double {
+                #expect(writer.store("k", status: 200, headers: staleAtOnce, body: [2], requestCacheControl: nil,
+                                     now: time + 5))
+                return time
+            }
+            // an older answer in the file, stale since t0 - 100
+            #expect(writer.store("k", status: 200, headers: staleAtOnce, body: [1], requestCacheControl: nil,
+                                 now: Self.t0 - 100))
+            guard case .stale(let older) = reader.lookup("k", now: storedByTheOtherProcess(at: Self.t0)) else {
+                Issue.record("judged at the time it was read, the entry is stale")
+                return
+            }
+            #expect(older.body == [1])
+            // (the row written meanwhile is stale from t0 + 5 on: a later look, and the same race)
+            let other = try HTTPCache(maxBytes: 1 << 20, persistPath: path)
+            let fresh = other.hasFresh("k", now: storedByTheOtherProcess(at: Self.t0 + 5.5))  // (not in #expect,
+            #expect(!fresh)  // which reads its arguments before the call)
+            guard case .stale(let newer) = other.lookup("k", now: Self.t0 + 11) else {
+                Issue.record("the newest row is stale from t0 + 10.5 on")
+                return
+            }
+            #expect(newer.body == [2])
+        }
+    }
+
     @Test func entriesSurviveANewInstance() throws {
         try withCacheDirectory { dir in
             let path = dir + "/cache.sqlite"

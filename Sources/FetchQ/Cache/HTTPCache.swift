@@ -202,7 +202,12 @@ public final class HTTPCache: Sendable {
     /// `requestCacheControl` (the request's `Cache-Control`, optional) can only make a fresh
     /// entry stale: `no-cache` always does, `max-age=N` when the entry is older than N
     /// seconds. Other request directives are ignored.
-    public func lookup(_ key: String, now: Double, requestCacheControl: String? = nil) -> Lookup {
+    ///
+    /// `now` is read after the entry was: one that another process wrote to the file in
+    /// between (while this lookup waited for the lock, a writer holding it for up to the
+    /// busy timeout) was stored at a time later than a clock read before, so an entry that
+    /// was stale at once (`max-age=0`) looked fresh and was served without asking.
+    public func lookup(_ key: String, now: @autoclosure () -> Double, requestCacheControl: String? = nil) -> Lookup {
         let found = state.withLock { state -> Entry? in
             if let slot = state.entries.slot(of: key) {
                 state.entries.touch(slot)
@@ -217,19 +222,20 @@ public final class HTTPCache: Sendable {
             return entry
         }
         guard let entry = found else { return .miss }
-        return Self.classify(entry, now: now, requestCacheControl: requestCacheControl)
+        return Self.classify(entry, now: now(), requestCacheControl: requestCacheControl)
     }
 
     /// Whether a fresh entry for `key` is held now (see ``lookup(_:now:requestCacheControl:)``
     /// for what fresh means): a look, not a lookup. It counts nothing and leaves the recency
     /// order of what is in memory as it is; an entry only in the file (stored by an earlier
-    /// instance, not read yet) is read into memory, as the lookup that follows would.
-    public func hasFresh(_ key: String, now: Double, requestCacheControl: String? = nil) -> Bool {
+    /// instance, not read yet) is read into memory, as the lookup that follows would. `now`
+    /// is read after the entry, as for a lookup.
+    public func hasFresh(_ key: String, now: @autoclosure () -> Double, requestCacheControl: String? = nil) -> Bool {
         let found = state.withLock { state -> Entry? in
             if let slot = state.entries.slot(of: key) { return state.entries.entry(at: slot) }
             return state.cold.contains(key) ? loadFromFile(key, &state) : nil
         }
-        guard let found, case .fresh = Self.classify(found, now: now, requestCacheControl: requestCacheControl) else {
+        guard let found, case .fresh = Self.classify(found, now: now(), requestCacheControl: requestCacheControl) else {
             return false
         }
         return true
