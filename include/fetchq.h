@@ -137,7 +137,7 @@ typedef enum fq_status {
     FQ_ERR_PARSE = -14,        /* the body is not valid JSON, or too deep */
     FQ_ERR_TLS = -15,          /* TLS handshake or certificate verification failed */
     FQ_ERR_REDIRECT = -16,     /* too many redirects */
-    FQ_ERR_NOMEM = -17,        /* out of memory */
+    FQ_ERR_NOMEM = -17,        /* out of memory, or the system refused a thread */
     FQ_ERR_STORE = -18,        /* the item store (SQLite) failed */
     FQ_ERR_CACHE_MISS = -19    /* "cache": "only-if-cached" and nothing cached */
 } fq_status;
@@ -149,6 +149,15 @@ const char *fq_strerror(int status);
  * setter, fq_engine_new, ...). BORROWED: valid until the next fq_ call on
  * this thread. "" when there is none. */
 const char *fq_last_error(void);
+
+/* The status of the same failed call (FQ_OK when there is none): what a
+ * function returning NULL (fq_engine_new, fq_queue_new, fq_store_open, ...)
+ * failed with — FQ_ERR_INVALID for a bad argument, config or option,
+ * FQ_ERR_NOMEM when the system refused memory or a thread, FQ_ERR_STORE for
+ * a cache or store file that could not be opened, FQ_ERR_SHUTDOWN while the
+ * engine is being freed. Like fq_last_error(), a later successful call does
+ * not reset it. */
+int fq_last_status(void);
 
 /* ------------------------------------------------------------------ */
 /* Types                                                                */

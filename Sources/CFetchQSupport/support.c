@@ -13,6 +13,7 @@
 struct last_error {
     char *text;
     size_t cap;
+    int status;
 };
 
 static pthread_key_t last_error_key;
@@ -46,10 +47,11 @@ static struct last_error *this_thread(int create) {
 
 static _Thread_local const void *current_engine;
 
-void fqs_set_last_error(const char *message) {
+void fqs_set_last_error(int status, const char *message) {
     size_t n = message ? strlen(message) : 0;
     struct last_error *e = this_thread(1);
     if (e == NULL) return;
+    e->status = status;
     if (n + 1 > e->cap) {
         char *grown = realloc(e->text, n + 1);
         if (grown == NULL) return; /* keep the previous message */
@@ -63,6 +65,11 @@ void fqs_set_last_error(const char *message) {
 const char *fqs_last_error(void) {
     struct last_error *e = this_thread(0);
     return e && e->text ? e->text : "";
+}
+
+int fqs_last_status(void) {
+    struct last_error *e = this_thread(0);
+    return e ? e->status : 0;
 }
 
 void fqs_set_current_engine(const void *engine) { current_engine = engine; }

@@ -20,6 +20,9 @@ public func fq_strerror(_ status: Int32) -> UnsafePointer<CChar>? {
 public func fq_last_error() -> UnsafePointer<CChar>? { fqs_last_error() }
 
 @c @implementation
+public func fq_last_status() -> Int32 { fqs_last_status() }
+
+@c @implementation
 public func fq_engine_new(_ config: UnsafePointer<json_t>?, _ errbuf: UnsafeMutablePointer<CChar>?,
                           _ errlen: Int) -> OpaquePointer? {
     do {

@@ -10,7 +10,7 @@ struct UserData: @unchecked Sendable {
 
 /// Records `error` as the thread's last error and returns its status.
 func fail(_ error: FetchQError) -> Int32 {
-    fqs_set_last_error(FetchQError.cText(error.message))
+    fqs_set_last_error(error.status.rawValue, FetchQError.cText(error.message))
     return error.status.rawValue
 }
 

@@ -190,6 +190,8 @@ static void expect_bad_config(const char *text, const char *key) {
         if (!le || !strstr(le, key))
             FAILF("fq_engine_new(%s): fq_last_error \"%s\" does not name \"%s\"", text,
                   le ? le : "(null)", key);
+        if (fq_last_status() != FQ_ERR_INVALID)
+            FAILF("fq_engine_new(%s): fq_last_status %d, not FQ_ERR_INVALID", text, fq_last_status());
     }
     json_decref(cfg);
 }

@@ -393,6 +393,7 @@ TEST(misuse_engine_new_when_no_thread_can_start) {
     CHECK(made < 64);
     CHECK_CONTAINS(err, "pthread_create failed");
     CHECK_CONTAINS(fq_last_error(), "pthread_create failed");
+    CHECK_EQ_INT(fq_last_status(), FQ_ERR_NOMEM);
     for (int i = 0; i < made; i++) CHECK_OK(fq_engine_free(engines[i]));
     fq_engine *again = fq_engine_new(NULL, err, sizeof err);
     REQUIRE(again != NULL);
@@ -1669,6 +1670,9 @@ TEST(misuse_files_that_cannot_be_opened_say_why) {
     char errbuf[512] = "";
     CHECK(fq_store_open("/nonexistent-fetchq-dir/x/store.db", errbuf, sizeof errbuf) == NULL);
     CHECK_CONTAINS(errbuf, "No such file or directory");
+    CHECK_EQ_INT(fq_last_status(), FQ_ERR_STORE);
+    CHECK(fq_store_open(NULL, errbuf, sizeof errbuf) == NULL);
+    CHECK_EQ_INT(fq_last_status(), FQ_ERR_INVALID);
 
     char dir[] = "/tmp/fq-misuse-nofile-XXXXXX";
     REQUIRE(mkdtemp(dir) != NULL);
@@ -1688,13 +1692,18 @@ TEST(misuse_files_that_cannot_be_opened_say_why) {
     fq_store *s = fq_store_open(path, errbuf, sizeof errbuf);
     char store_message[512];
     snprintf(store_message, sizeof store_message, "%s", errbuf);
+    int store_status = fq_last_status();
     fq_engine *e = fq_engine_new(fqt_json("{\"delivery\": \"poll\"}"), errbuf, sizeof errbuf);
+    int engine_status = fq_last_status();
     for (int i = 0; i < n; i++) close(taken[i]);
     REQUIRE(setrlimit(RLIMIT_NOFILE, &old) == 0);
     CHECK(s == NULL);
     CHECK_CONTAINS(store_message, "Too many open files");
     CHECK(e == NULL);
     CHECK_CONTAINS(errbuf, "Too many open files");
+    /* what fq_last_status tells a caller that got NULL */
+    CHECK_EQ_INT(store_status, FQ_ERR_STORE);
+    CHECK_EQ_INT(engine_status, FQ_ERR_NOMEM);
     fq_store_free(s);
     fq_engine_free(e);
     char cmd[160];

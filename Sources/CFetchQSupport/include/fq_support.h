@@ -5,9 +5,11 @@
 
 #include <stddef.h>
 
-/* The calling thread's last error message (what fq_last_error() returns). */
-void fqs_set_last_error(const char *message);
+/* The calling thread's last error: its status and message (what
+ * fq_last_status() and fq_last_error() return). */
+void fqs_set_last_error(int status, const char *message);
 const char *fqs_last_error(void);
+int fqs_last_status(void);
 
 /* Which engine, if any, the calling thread is working for (a worker, the
  * delivery thread, or a thread inside fq_engine_dispatch). Used to refuse

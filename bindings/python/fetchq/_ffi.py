@@ -161,9 +161,13 @@ def _check_status(result: int, func: Any, args: Tuple[Any, ...]) -> int:
 
 def _check_handle(result: Any, func: Any, args: Tuple[Any, ...]) -> Any:
     if not result:
-        # The C API returns NULL without a status; its documented causes are
-        # invalid arguments/config (FQ_ERR_INVALID).
-        raise InvalidArgument(_message() or "%s failed" % func.__name__)
+        # NULL: fq_last_status() says why (FQ_ERR_INVALID for what was
+        # passed, FQ_ERR_NOMEM for a refused thread, FQ_ERR_STORE for a file).
+        status = _LIB_STATE.last_status()
+        message = _message() or "%s failed" % func.__name__
+        if status >= 0:
+            raise InvalidArgument(message)
+        raise error_for_status(status, message)
     return result
 
 
@@ -189,6 +193,7 @@ FUNCTIONS: List[_Decl] = [
     ("fq_version_string", c_char_p, [], None),
     ("fq_strerror", c_char_p, [c_int], None),
     ("fq_last_error", c_char_p, [], None),
+    ("fq_last_status", c_int, [], None),
     # Engine
     ("fq_engine_new", EngineP, [JsonP, c_char_p, c_size_t], _check_handle),
     ("fq_engine_free", c_int, [EngineP], _check_status),
@@ -325,6 +330,7 @@ class Library:
         self.jansson_path = path
         self.jansson = self._jansson(cdll)
         self.last_error = self.fq_last_error
+        self.last_status = self.fq_last_status
         self.strerror = self.fq_strerror
         malloc_fn, free_fn = c_void_p(), c_void_p()
         self.jansson.json_get_alloc_funcs(byref(malloc_fn), byref(free_fn))
@@ -367,6 +373,7 @@ class _LibState:
         self.lock = threading.Lock()
         self.lib: Optional[Library] = None
         self.last_error: Callable[[], Optional[bytes]] = lambda: None
+        self.last_status: Callable[[], int] = lambda: 0
         self.strerror: Callable[[int], Optional[bytes]] = lambda s: None
 
 
@@ -474,6 +481,7 @@ def lib() -> Library:
         if state.lib is None:
             loaded = load_library()
             state.last_error = loaded.fq_last_error
+            state.last_status = loaded.fq_last_status
             state.strerror = loaded.fq_strerror
             state.lib = loaded
         return state.lib

@@ -61,6 +61,46 @@ def test_path_objects_are_sent_as_their_path(tmp_path: Path) -> None:
         assert e.queue("p").submit(lambda: 1).result(timeout=TIMEOUT) == 1
 
 
+def test_an_engine_that_cannot_start_says_why(tmp_path: Path) -> None:
+    # fq_engine_new returns NULL for every cause; the binding called them all
+    # InvalidArgument (a ValueError), a missing directory and a refused thread too.
+    with pytest.raises(fetchq.StoreError, match="No such file or directory") as caught:
+        fetchq.Engine(cache={"path": str(tmp_path / "missing" / "cache.db")})
+    assert not isinstance(caught.value, ValueError)
+    # Each engine thread reserves an 8 MiB stack: with the address space a
+    # little above what the process uses, the system refuses one.
+    script = """
+import resource, fetchq
+def vm():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[0]) * resource.getpagesize()
+from fetchq import _ffi
+_ffi.lib()  # loaded (an engine made and freed here would leave its threads' stacks cached for the next)
+seen = []
+for mib in range(0, 160, 4):
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (vm() + (mib << 20), hard))
+    try:
+        engine = fetchq.Engine()
+    except Exception as error:
+        seen.append(type(error).__name__)
+        continue
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    engine.close()
+    seen.append("ok")
+    break
+print(" ".join(seen))
+"""
+    import subprocess
+    import sys
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    seen = run.stdout.split()
+    assert seen[-1] == "ok" and "OutOfMemory" in seen, seen
+    assert set(seen) <= {"OutOfMemory", "MemoryError", "ok"}, seen
+
+
 def test_context_manager_closes_and_use_after_close_raises() -> None:
     with fetchq.Engine(workers=2) as e:
         q = e.queue("q")
