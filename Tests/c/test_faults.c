@@ -596,3 +596,65 @@ TEST(faults_a_cache_write_past_the_file_size_limit_is_skipped) {
     CHECK_EQ_INT(system(cmd), 0);
     fqt_server_stop(&s);
 }
+
+/* Processes that open one new cache file (or item store) at the same moment:
+ * switching it to write-ahead logging failed at once with SQLITE_BUSY in
+ * about 1 engine in 80 ("PRAGMA journal_mode=WAL: database is locked"), so
+ * fq_engine_new returned NULL. 8 processes, released together, 60 files. */
+TEST_T(faults_processes_opening_one_new_file_together_all_start, 120) {
+    char dir[] = "/tmp/fq-walrace-XXXXXX";
+    REQUIRE(mkdtemp(dir) != NULL);
+    enum { ROUNDS = 60, PROCS = 8 };
+    int failed = 0, store_failed = 0;
+    for (int r = 0; r < ROUNDS; r++) {
+        bool store = r % 4 == 3;  /* every fourth file an item store */
+        char path[160];
+        snprintf(path, sizeof path, "%s/f%d.db", dir, r);
+        int go[2];
+        REQUIRE(pipe(go) == 0);
+        fflush(NULL);
+        pid_t kids[PROCS];
+        for (int p = 0; p < PROCS; p++) {
+            kids[p] = fork();
+            REQUIRE(kids[p] >= 0);
+            if (kids[p] == 0) {
+                close(go[1]);
+                char byte;
+                if (read(go[0], &byte, 1) != 0) _exit(3);  /* released when the pipe closes */
+                char err[512] = "";
+                if (store) {
+                    fq_store *s = fq_store_open(path, err, sizeof err);
+                    if (!s) _exit(1);
+                    fq_store_free(s);
+                } else {
+                    char config[256];
+                    snprintf(config, sizeof config, "{\"log\": \"off\", \"cache\": {\"path\": \"%s\"}}", path);
+                    json_t *cfg = json_loads(config, 0, NULL);
+                    fq_engine *e = fq_engine_new(cfg, err, sizeof err);
+                    json_decref(cfg);
+                    if (!e) _exit(1);
+                    fq_engine_free(e);
+                }
+                _exit(0);
+            }
+        }
+        close(go[0]);
+        fqt_sleep_ms(10);
+        close(go[1]);
+        for (int p = 0; p < PROCS; p++) {
+            int status = 0;
+            REQUIRE(waitpid(kids[p], &status, 0) == kids[p]);
+            if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+                if (store) store_failed++;
+                else failed++;
+            }
+        }
+    }
+    h_note("%d of %d engines and %d of %d stores could not open their file", failed, ROUNDS * PROCS * 3 / 4,
+           store_failed, ROUNDS * PROCS / 4);
+    CHECK_EQ_INT(failed, 0);
+    CHECK_EQ_INT(store_failed, 0);
+    char cmd[200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    CHECK_EQ_INT(system(cmd), 0);
+}
