@@ -332,7 +332,11 @@ typedef void (*fq_async_fn)(fq_op *op, void *userdata);
  *                   logged once per run of such failures. Engines sharing a
  *                   file share its rows, not their memory: an entry one
  *                   removes may still be served from another's memory, and
- *                   each bounds the file by what it knows of
+ *                   each bounds the file by the rows it knows of (the next
+ *                   open trims it to max_bytes). A file deleted or replaced
+ *                   while the engine runs is opened again at its path (made
+ *                   anew if need be) at the next write, and a notice is
+ *                   logged; what the old file held is not written again
  *   "log"           "off", "critical", "error", "warning", "notice", "info",
  *                   "debug" or "trace" (default: the FETCHQ_LOG environment
  *                   variable, else "warning"); lines go to standard error or

@@ -82,6 +82,39 @@ private func withCacheDirectory<R>(_ body: (String) throws -> R) throws -> R {
         }
     }
 
+    /// The file deleted (or replaced) while the cache is open: its writes went to the
+    /// deleted file and were lost with it, and nothing said so (the seventh review). The
+    /// next write opens the path again; what the old file held is not written back.
+    @Test func aDeletedFileIsMadeAgainAtTheNextWrite() throws {
+        try withCacheDirectory { dir in
+            let path = dir + "/cache.sqlite"
+            let cache = try HTTPCache(maxBytes: 1 << 20, persistPath: path)
+            #expect(Self.put(cache, "before", Self.body("before")))
+            #expect(!cache.takeReopened())
+            for suffix in ["", "-wal", "-shm"] { unlink(path + suffix) }
+            #expect(Self.put(cache, "after", Self.body("after")))
+            #expect(cache.takeReopened())
+            #expect(!cache.takeReopened(), "reported once")
+            #expect(cache.persistenceError == nil)
+            #expect(access(path, F_OK) == 0)
+            // still held in memory, both
+            #expect(cache.lookup("before", now: Self.t0).entry?.body == Self.body("before"))
+            let reopened = try HTTPCache(maxBytes: 1 << 20, persistPath: path)
+            #expect(reopened.lookup("after", now: Self.t0).entry?.body == Self.body("after"))
+            #expect(reopened.lookup("before", now: Self.t0).entry == nil, "a cleared file stays cleared")
+
+            // replaced by another instance's new file: its rows are read, and this one writes there
+            for suffix in ["", "-wal", "-shm"] { unlink(path + suffix) }
+            let other = try HTTPCache(maxBytes: 1 << 20, persistPath: path)
+            #expect(Self.put(other, "other", Self.body("other")))
+            #expect(Self.put(cache, "third", Self.body("third")))
+            #expect(cache.takeReopened())
+            #expect(cache.lookup("other", now: Self.t0).entry?.body == Self.body("other"))
+            let last = try HTTPCache(maxBytes: 1 << 20, persistPath: path)
+            #expect(last.lookup("third", now: Self.t0).entry?.body == Self.body("third"))
+        }
+    }
+
     @Test func entriesSurviveANewInstance() throws {
         try withCacheDirectory { dir in
             let path = dir + "/cache.sqlite"

@@ -143,10 +143,29 @@ extension HTTPCache {
                 if created { unlink(path) }  // refused: leave no empty file behind
                 throw error
             }
+            identity = Self.identity(of: path)
         }
 
         func close() {
             sqlite.close()
+        }
+
+        /// The file the path named when it was opened (device and inode); nil if that
+        /// could not be read.
+        private var identity: (dev_t, ino_t)?
+
+        private static func identity(of path: String) -> (dev_t, ino_t)? {
+            var info = stat()
+            guard stat(path, &info) == 0 else { return nil }
+            return (info.st_dev, info.st_ino)
+        }
+
+        /// The path names no file now, or another one: the file was deleted or replaced
+        /// while open, and what is written to it would be lost with it.
+        var fileWasReplaced: Bool {
+            guard let identity else { return false }
+            guard let now = Self.identity(of: path) else { return true }
+            return now != identity
         }
 
         // MARK: - Setup

@@ -162,6 +162,9 @@ public final class HTTPCache: Sendable {
         var unreportedPersistenceError: FetchQError?
         /// Since the last write that worked, writes have failed.
         var inFailedRun = false
+        /// The file was deleted or replaced and a new one opened at the path, until
+        /// `takeReopened` reports it.
+        var reopened = false
 
         var bytes: Int { entries.bytes + cold.bytes }
     }
@@ -378,9 +381,7 @@ public final class HTTPCache: Sendable {
         state.withLock { state in
             state.entries.removeAll()
             state.cold = ColdIndex()
-            if let connection = state.connection {
-                record(&state) { () throws(FetchQError) in try connection.deleteAll() }
-            }
+            record(&state) { (connection) throws(FetchQError) in try connection.deleteAll() }
         }
     }
 
@@ -408,6 +409,15 @@ public final class HTTPCache: Sendable {
     /// to log); a write that works ends the run.
     public func takeUnreportedPersistenceError() -> FetchQError? {
         state.withLock { state in state.unreportedPersistenceError.take() }
+    }
+
+    /// Whether the file was found deleted or replaced, and the path opened again (a new
+    /// file, or the one that replaced it), since the last call.
+    public func takeReopened() -> Bool {
+        state.withLock { state in
+            defer { state.reopened = false }
+            return state.reopened
+        }
     }
 
     /// Whether an entry may be written to the file: not when its request
@@ -456,11 +466,11 @@ public final class HTTPCache: Sendable {
             state.entries.insert(key, entry, cost: cost)
         }
         evict(keeping: key, &state, deleted: &deleted)
-        if let connection = state.connection {
+        if state.connection != nil {
             // An entry the file may not hold (`mayPersist`) still writes the
             // deletions of what it evicted, and removes an older row of its key.
             if row == nil { deleted.append(key) }
-            record(&state) { () throws(FetchQError) in
+            record(&state) { (connection) throws(FetchQError) in
                 try connection.write(row, deleting: deleted)
             }
         }
@@ -484,9 +494,7 @@ public final class HTTPCache: Sendable {
     private func drop(_ key: String, _ state: inout State) {
         if let slot = state.entries.slot(of: key) { state.entries.remove(at: slot) }
         state.cold.remove(key)
-        if let connection = state.connection {
-            record(&state) { () throws(FetchQError) in try connection.write(nil, deleting: [key]) }
-        }
+        record(&state) { (connection) throws(FetchQError) in try connection.write(nil, deleting: [key]) }
     }
 
     /// The entry for `key` read from the file, now held in memory as the most recently
@@ -514,17 +522,30 @@ public final class HTTPCache: Sendable {
             state.entries.insert(key, entry, cost: row.cost)
             var deleted: [String] = []
             evict(keeping: key, &state, deleted: &deleted)
-            record(&state) { () throws(FetchQError) in
+            record(&state) { (connection) throws(FetchQError) in
                 try connection.touch(key, deleting: deleted)
             }
         }
         return entry
     }
 
-    /// Runs a SQLite operation, keeping its error instead of failing the cache.
-    private func record(_ state: inout State, _ body: () throws(FetchQError) -> Void) {
+    /// Runs a write on the file, keeping its error instead of failing the cache. A file
+    /// deleted or replaced since it was opened (the path names none now, or another) is
+    /// opened again at its path first, as a new file if need be: what is written to the
+    /// old one would be lost with it. What the old file held is not written again (a
+    /// file deleted to clear the cache stays cleared); the entries in memory stay.
+    private func record(_ state: inout State, _ body: (CacheConnection) throws(FetchQError) -> Void) {
+        guard var connection = state.connection else { return }
         do {
-            try body()
+            if connection.fileWasReplaced {
+                let reopened = try CacheConnection(path: connection.path)
+                state.cold = try reopened.openIndex(maxBytes: maxBytes)
+                connection.close()
+                state.connection = reopened
+                state.reopened = true
+                connection = reopened
+            }
+            try body(connection)
             state.inFailedRun = false
         } catch {
             state.persistenceError = error

@@ -276,6 +276,10 @@ extension Engine {
                             requestCacheControl: context.requestCacheControl, now: now)
             }
         }
+        if let cache = httpCache, cache.persistPath != nil, cache.takeReopened() {
+            logger.notice("http cache: its file was deleted or replaced; entries are written to the file at its path now",
+                          metadata: ["path": "\(cache.persistPath ?? "")"])
+        }
         if let cache = httpCache, cache.persistPath != nil, let error = cache.takeUnreportedPersistenceError() {
             // The entry stays in memory; the file missed it (locked by another
             // writer, read-only, full): said once per run of failed writes.
