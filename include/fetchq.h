@@ -137,7 +137,11 @@ typedef enum fq_status {
     FQ_ERR_PARSE = -14,        /* the body is not valid JSON, or too deep */
     FQ_ERR_TLS = -15,          /* TLS handshake or certificate verification failed */
     FQ_ERR_REDIRECT = -16,     /* too many redirects */
-    FQ_ERR_NOMEM = -17,        /* out of memory, or the system refused a thread */
+    FQ_ERR_NOMEM = -17,        /* out of memory, or the system refused a thread
+                                  (where fetchq can go on: starting the engine
+                                  or its threads, parsing a response; most other
+                                  failed allocations stop the process, as the
+                                  Swift runtime cannot recover from them) */
     FQ_ERR_STORE = -18,        /* the item store (SQLite) failed */
     FQ_ERR_CACHE_MISS = -19    /* "cache": "only-if-cached" and nothing cached */
 } fq_status;
@@ -323,10 +327,13 @@ typedef void (*fq_async_fn)(fq_op *op, void *userdata);
  *                   Cache-Control. The age a Date header implies is not
  *                   added (a server clock that is off must not make every
  *                   response stale), and served entries get no new Age
- *                   header. The file (created readable by its owner only)
- *                   never holds an entry whose request carried credentials
- *                   (Authorization, Proxy-Authorization, Cookie, a password
- *                   in the URL): those stay in memory. Writes to it wait at
+ *                   header. An entry is kept per URL and request headers
+ *                   (all of them, so a response that varies with one, Vary,
+ *                   is never given for another value); a response with
+ *                   "Vary: *" is not stored. The file (created readable by
+ *                   its owner only) never holds an entry whose request
+ *                   carried credentials (Authorization, Proxy-Authorization,
+ *                   Cookie, a password in the URL): those stay in memory. Writes to it wait at
  *                   most 100 ms for another writer's lock; one that cannot
  *                   is skipped (the entry stays in memory) and a warning is
  *                   logged once per run of such failures. Engines sharing a
