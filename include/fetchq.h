@@ -259,7 +259,10 @@ typedef void (*fq_async_fn)(fq_op *op, void *userdata);
  *                   parses the body, starts what that unblocks — unless the
  *                   body is larger than 64 KiB or the result is written to
  *                   SQLite (a search's "store", a persistent "cache"); those
- *                   go to a worker
+ *                   go to a worker. The transfer threads start with the
+ *                   first network operation, not in fq_engine_new(): if the
+ *                   system refuses one then, that operation (and each after
+ *                   it, until one starts) ends FQ_ERR_NOMEM
  *   "aging_ms"      a ready operation waiting this long gains one priority
  *                   level, and another each further aging_ms, so low
  *                   priority work is never starved by higher priorities of
@@ -692,7 +695,9 @@ int64_t fq_submit_requests(fq_queue *queue, const json_t *request, const char *c
  * (see fq_store_open), in one transaction per response, after parsing; the
  * value then also has "store": {"inserted", "updated", "unchanged",
  * "skipped" (items without an id, or with a null one)}. A store failure,
- * results that are not objects included, is FQ_ERR_STORE. The engine keeps
+ * results that are not objects included, is FQ_ERR_STORE: the submit itself
+ * returns it (and no callback follows) when the file cannot be opened, the
+ * callback's status when writing fails. The engine keeps
  * the 8 store files its searches used last open between searches; an older
  * one is closed once no search uses it (and opened again when one does). */
 fq_op_id fq_submit_search(fq_queue *queue, const char *query, const json_t *options,
