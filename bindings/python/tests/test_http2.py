@@ -154,19 +154,33 @@ def test_posts_refused_by_a_goaway_are_sent_again_once(tmp_path: Path) -> None:
     """Over HTTP/2 libcurl sends again a request the server refused unprocessed
     (the streams after a GOAWAY: nginx sends one after keepalive_requests);
     fetchq lets that through for a POST (RFC 9113 §8.7), where over HTTP/1.1
-    it stops libcurl's re-send. Each POST reaches the server exactly once."""
+    it stops libcurl's re-send. libcurl 7.88 does it only for a stream opened
+    after the GOAWAY arrived; one refused while it was being sent ends
+    "HTTP2 framing layer" (fetchq.h; about 1 round in 20 here has one), and a
+    POST is not retried. So each POST that succeeded reached the server
+    exactly once, and one that failed so did not reach it."""
     log = tmp_path / "access.log"
     gen = run_nginx_h2("    keepalive_requests 3;\n    log_format m '$request_method $request_uri';\n"
                        "    access_log %s m;" % log)
     base, cert = next(gen)
     try:
+        succeeded, refused = [], []
         with fetchq.Engine(ca_file=cert) as engine:
             q = engine.queue("h2-post", max_concurrent=8)
             futures = [q.request("POST", base + "/p?i=%d" % i, json={"i": i}) for i in range(48)]
-            responses = [f.result(timeout=TIMEOUT) for f in futures]
-        assert all(r.status == 200 and r.metrics["http_version"] == "2" for r in responses)
+            for i, future in enumerate(futures):
+                try:
+                    response = future.result(timeout=TIMEOUT)
+                except fetchq.NetworkError as error:
+                    assert "HTTP2 framing layer" in str(error), error
+                    refused.append(i)
+                    continue
+                assert (response.status, response.metrics["http_version"]) == (200, "2")
+                succeeded.append(i)
+        # 48 POSTs over connections of 3 requests each: nearly all are sent again after a GOAWAY
+        assert len(refused) <= 4, refused
         lines = log.read_text().split("\n")
-        assert sorted(line for line in lines if line) == sorted("POST /p?i=%d" % i for i in range(48))
+        assert sorted(line for line in lines if line) == sorted("POST /p?i=%d" % i for i in succeeded)
     finally:
         for _ in gen:
             pass
