@@ -264,10 +264,11 @@ typedef void (*fq_async_fn)(fq_op *op, void *userdata);
  *                   system refuses one then, that operation (and each after
  *                   it, until one starts) ends FQ_ERR_NOMEM
  *   "aging_ms"      a ready operation waiting this long gains one priority
- *                   level, and another each further aging_ms, so low
+ *                   level (one of the five: -8 counts as -4), and another
+ *                   each further aging_ms, so low
  *                   priority work is never starved by higher priorities of
  *                   its QoS (default 1000; 0 = off). It ages from when it
- *                   became ready, also while its queue is suspended. Aging
+ *                   last became ready, also while its queue is suspended. Aging
  *                   does not cross QoS classes: across queues a higher QoS
  *                   always goes first, so lower-QoS work waits for as long
  *                   as higher-QoS work keeps its queues busy
@@ -295,9 +296,10 @@ typedef void (*fq_async_fn)(fq_op *op, void *userdata);
  *                   all queues (default 6, 1..1024)
  *   "connect_timeout_ms" (default 10000; 0 = libcurl's own 300 s),
  *                   "timeout_ms" total per attempt, redirects included (each
- *                   retry has its own; default 60000; 0 = none), "max_wait_ms" time allowed in
- *                   a queue before FAILED with FQ_ERR_QUEUE_TIMEOUT (default 0
- *                   = none), "max_redirects" (default 5; 0 = do not follow),
+ *                   retry has its own; default 60000; 0 = none),
+ *                   "max_wait_ms" time allowed in a queue, from the submit
+ *                   (waiting for dependencies included) to the start, before
+ *                   FAILED with FQ_ERR_QUEUE_TIMEOUT (default 0 = none), "max_redirects" (default 5; 0 = do not follow),
  *                   "max_response_bytes" (default 16777216), "max_json_depth"
  *                   (default 512), "verify_tls" (default true), "ca_file"
  *                   (a PEM file, not ""; default the system store),
@@ -470,11 +472,13 @@ int fq_queue_wait(fq_queue *queue, int timeout_ms);
 /* Options common to every submit (`options` is BORROWED, may be NULL):
  *   "priority"   -8, -4, 0, 4, 8 or "very-low", "low", "normal", "high",
  *                "very-high" (default 0). Higher starts first; FIFO within a
- *                level; waiting operations age (see config "aging_ms").
+ *                level, in the order the operations became ready (submitted,
+ *                or their last dependency ended); waiting operations age
+ *                (see config "aging_ms").
  *   "qos"        "user-interactive", "user-initiated", "default", "utility",
  *                "background": when queues compete for worker threads and
  *                hosts, higher QoS goes first; within a queue it breaks ties
- *                between equal priorities.
+ *                between equal priorities (default "default").
  *   "group"      a string tag for fq_cancel_group() (compared as bytes, as
  *                queue names are).
  *   "depends_on" an array of operation ids (any queue of this engine). The
@@ -838,7 +842,8 @@ int fq_cancel_all(fq_engine *engine);
 /* Changes the priority of an operation that has not started (same values as
  * the "priority" option, as a number). FQ_ERR_STATE once it has started. An
  * operation moved to another level joins it behind those already waiting
- * there; moved back to its first level, it takes its old place again. */
+ * there; moved back to its first level (the one it was submitted at, or had
+ * when fq_add_dependency last made it wait), it takes its old place again. */
 int fq_set_priority(fq_engine *engine, fq_op_id id, int priority);
 
 /* Makes `op` also wait for `dep` (like NSOperation's addDependency). `op`
@@ -846,7 +851,10 @@ int fq_set_priority(fq_engine *engine, fq_op_id id, int priority);
  * transfer (a coalesced GET that is not the first caller: FQ_ERR_STATE, the
  * message says so); FQ_ERR_CYCLE if `dep` already waits,
  * directly or not, for `op` (or dep == op); FQ_ERR_NOT_FOUND for an unknown
- * id. A `dep` that already finished is treated as in "depends_on". */
+ * id. A `dep` that already finished is treated as in "depends_on". A ready
+ * operation given an unfinished `dep` gives up its place in its queue: when
+ * `dep` ends it is ready again, behind those that became ready before it,
+ * and it ages from then, as one submitted with "depends_on" would. */
 int fq_add_dependency(fq_engine *engine, fq_op_id op, fq_op_id dep);
 
 /* ------------------------------------------------------------------ */

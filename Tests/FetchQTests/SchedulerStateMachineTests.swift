@@ -680,7 +680,33 @@ import Testing
     /// Moved while it waits for a dependency and then back, an operation
     /// keeps its first level's place: a move while waiting made the new
     /// level its first (the review of the session's own changes).
-    @Test func aMoveWhileWaitingKeepsTheFirstLevelsPlace() {
+    /// A ready operation given a dependency gives up its place: ready again, it is behind
+    /// what became ready before it, whatever else the queue holds, and whatever levels it
+    /// visited meanwhile (it kept its old place only when that was still in the FIFO,
+    /// which depended on an unrelated operation being ready: the seventh review).
+    @Test(arguments: [false, true])
+    func anOperationGivenADependencyIsReadyAgainBehindThoseReadyBefore(unrelatedReady: Bool) {
+        var m = Machine()
+        let q = m.addQueue(name: "q", maxConcurrent: 1)
+        let other = m.addQueue(name: "other", maxConcurrent: 1)
+        _ = m.setSuspended(q, true, now: 0)
+        let c = unrelatedReady ? submit(&m, q).0 : nil
+        let (x, sx) = submit(&m, other)
+        #expect(started(sx) == [x])
+        let (a, _) = submit(&m, q)
+        _ = try! m.addDependency(a, on: x, now: 0).get()
+        let (b, _) = submit(&m, q)
+        _ = m.finished(x, .succeeded, payload: nil, now: 0)
+        var run = started(m.setSuspended(q, false, now: 0))
+        while let last = run.last, run.count < (c == nil ? 2 : 3) {
+            run += started(m.finished(last, .succeeded, payload: nil, now: 0))
+        }
+        #expect(run == (c.map { [$0] } ?? []) + [b, a])
+    }
+
+    /// The same with moves while it waits: back at the level it had when it was made to
+    /// wait, it does not take the place it gave up.
+    @Test func aMoveWhileWaitingForAnAddedDependencyKeepsNoOldPlace() {
         var m = Machine()
         let q = m.addQueue(name: "q", maxConcurrent: 1)
         let (g, sg) = submit(&m, q)
@@ -695,7 +721,47 @@ import Testing
         let (c, _) = submit(&m, q)
         var run = started(m.setSuspended(q, false, now: 0))
         while let last = run.last, run.count < 3 { run += started(m.finished(last, .succeeded, payload: nil, now: 0)) }
-        #expect(run == [a, b, c])
+        #expect(run == [b, a, c])
+    }
+
+    /// Moved while it waits for a dependency it was submitted with, then back: it is
+    /// placed when it becomes ready, at the level it has then (its first level's number).
+    @Test func aMoveWhileWaitingForADependencyOfItsSubmitEndsAtItsLevel() {
+        var m = Machine()
+        let q = m.addQueue(name: "q", maxConcurrent: 1)
+        let (g, sg) = submit(&m, q)
+        #expect(started(sg) == [g])
+        let (a, _) = submit(&m, q, deps: [g])
+        let (b, _) = submit(&m, q)
+        _ = try! m.setPriority(a, .high, now: 0).get()
+        _ = try! m.setPriority(a, .normal, now: 0).get()
+        _ = m.setSuspended(q, true, now: 0)
+        _ = m.finished(g, .succeeded, payload: nil, now: 0)
+        let (c, _) = submit(&m, q)
+        var run = started(m.setSuspended(q, false, now: 0))
+        while let last = run.last, run.count < 3 { run += started(m.finished(last, .succeeded, payload: nil, now: 0)) }
+        #expect(run == [b, a, c])
+    }
+
+    /// It ages from when it is ready again, not from its submit: a very-low operation made
+    /// to wait 300 ns, then ready for 20 ns, has not aged past a normal one (aging 100 ns).
+    @Test(arguments: [false, true])
+    func anOperationGivenADependencyAgesFromWhenItIsReadyAgain(unrelatedReady: Bool) {
+        var m = Machine(config: .init(agingNanos: 100, maxPerHost: 6, history: 16))
+        let q = m.addQueue(name: "q", maxConcurrent: 1)
+        let other = m.addQueue(name: "other", maxConcurrent: 1)
+        _ = m.setSuspended(q, true, now: 0)
+        let c = unrelatedReady ? submit(&m, q, priority: .veryHigh, now: 0).0 : nil
+        let (x, _) = submit(&m, other, now: 0)
+        let (a, _) = submit(&m, q, priority: .veryLow, now: 0)
+        _ = try! m.addDependency(a, on: x, now: 0).get()
+        _ = m.finished(x, .succeeded, payload: nil, now: 300)
+        let (b, _) = submit(&m, q, now: 320)
+        var run = started(m.setSuspended(q, false, now: 320))
+        while let last = run.last, run.count < (c == nil ? 2 : 3) {
+            run += started(m.finished(last, .succeeded, payload: nil, now: 320))
+        }
+        #expect(run == (c.map { [$0] } ?? []) + [b, a])
     }
 
     @Test func perHostLimitDoesNotBlockOtherHosts() {

@@ -175,10 +175,10 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         /// lock, 4 096 finishes later, that read was a cache miss).
         var payloadIsLight = false
         var outcome: Outcome = .succeeded
-        /// The level it was submitted at (set by `book`): its FIFO entry
-        /// there carries `seq`, its place in submission order. At any other
-        /// level its entry carries `Links.movedSeq` (`setPriority`). In a
-        /// byte the layout leaves free.
+        /// The level it was submitted at (set by `book`), or the one it had
+        /// when `addDependency` made it wait again (`unready`): its FIFO entry
+        /// there carries `seq`. At any other level its entry carries
+        /// `Links.movedSeq` (`setPriority`). In a byte the layout leaves free.
         var firstLevel: Int8 = 0
         var waitingOn: Int32 = 0
         /// The queue's list of unfinished operations (slot numbers, -1 none).
@@ -967,8 +967,8 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         // Back at its first level its old entry is valid again (its old place,
         // if still there); at another, a fresh sequence number puts it behind
         // those waiting there, an entry of an earlier visit included. The
-        // same while it waits for a dependency: its entry from when it was
-        // ready may still be its place.
+        // same while it waits for a dependency it was submitted with: its
+        // entry, made when it becomes ready, carries that number.
         if slots[s].level != slots[s].firstLevel {
             nextSeq += 1
             linkTable[linksIndex(s)].movedSeq = nextSeq
@@ -1383,8 +1383,18 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
             && entry.seq == entrySeq(s)
     }
 
+    /// A ready operation given a dependency (`addDependency`) waits again. It gives up
+    /// its place: ready again, it joins its level behind those ready before it and ages
+    /// from then, as an operation submitted with "depends_on" does. (Its old entry used
+    /// to become valid again when it still was in the FIFO, which depended on whether any
+    /// other operation of the queue had been ready meanwhile; and it carried the old
+    /// `readySince`, so the operation had aged while it waited: the seventh review.) Its
+    /// level now counts as its first (`Op.firstLevel`).
     private mutating func unready(_ s: Int) {
-        slots[s].state = .waiting  // its FIFO entry goes stale
+        slots[s].state = .waiting  // its FIFO entries go stale, for good:
+        nextSeq += 1
+        slots[s].seq = nextSeq
+        slots[s].firstLevel = slots[s].level
         countReady(slots[s].queue, -1)
         noteStale(slots[s].queue)
     }
