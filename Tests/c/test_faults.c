@@ -559,7 +559,9 @@ TEST(faults_a_cache_write_past_the_file_size_limit_is_skipped) {
     REQUIRE(child >= 0);
     if (child == 0) {
         signal(SIGXFSZ, SIG_DFL);
-        fq_engine *e = fq_engine_new(fqt_json(config), NULL, 0);
+        json_t *cfg = fqt_json(config);
+        fq_engine *e = fq_engine_new(cfg, NULL, 0);
+        json_decref(cfg);
         if (!e) _exit(10);
         fq_queue *q = fq_queue_new(e, "q", 4);
         struct rlimit small = {.rlim_cur = 4096, .rlim_max = RLIM_INFINITY};

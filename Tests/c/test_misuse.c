@@ -1693,8 +1693,10 @@ TEST(misuse_files_that_cannot_be_opened_say_why) {
     char store_message[512];
     snprintf(store_message, sizeof store_message, "%s", errbuf);
     int store_status = fq_last_status();
-    fq_engine *e = fq_engine_new(fqt_json("{\"delivery\": \"poll\"}"), errbuf, sizeof errbuf);
+    json_t *poll_config = fqt_json("{\"delivery\": \"poll\"}");
+    fq_engine *e = fq_engine_new(poll_config, errbuf, sizeof errbuf);
     int engine_status = fq_last_status();
+    json_decref(poll_config);
     for (int i = 0; i < n; i++) close(taken[i]);
     REQUIRE(setrlimit(RLIMIT_NOFILE, &old) == 0);
     CHECK(s == NULL);
