@@ -143,7 +143,7 @@ extension HTTPCache {
                 if created { unlink(path) }  // refused: leave no empty file behind
                 throw error
             }
-            identity = Self.identity(of: path)
+            identity = Self.identity(of: path).id
         }
 
         func close() {
@@ -154,18 +154,23 @@ extension HTTPCache {
         /// could not be read.
         private var identity: (dev_t, ino_t)?
 
-        private static func identity(of path: String) -> (dev_t, ino_t)? {
+        /// The device and inode `path` names; nil if it names none (`gone`: ENOENT or
+        /// ENOTDIR) or cannot be read (another error, such as EACCES).
+        private static func identity(of path: String) -> (id: (dev_t, ino_t)?, gone: Bool) {
             var info = stat()
-            guard stat(path, &info) == 0 else { return nil }
-            return (info.st_dev, info.st_ino)
+            guard stat(path, &info) == 0 else { return (nil, errno == ENOENT || errno == ENOTDIR) }
+            return ((info.st_dev, info.st_ino), false)
         }
 
         /// The path names no file now, or another one: the file was deleted or replaced
-        /// while open, and what is written to it would be lost with it.
+        /// while open, and what is written to it would be lost with it. (A path that
+        /// cannot be looked at now, a directory made unsearchable, is not: the open file
+        /// is written as before.)
         var fileWasReplaced: Bool {
             guard let identity else { return false }
-            guard let now = Self.identity(of: path) else { return true }
-            return now != identity
+            let now = Self.identity(of: path)
+            guard let id = now.id else { return now.gone }
+            return id != identity
         }
 
         // MARK: - Setup
