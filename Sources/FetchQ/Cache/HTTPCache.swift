@@ -380,8 +380,8 @@ public final class HTTPCache: Sendable {
     public func removeAll() {
         state.withLock { state in
             state.entries.removeAll()
-            state.cold = ColdIndex()
             record(&state) { (connection) throws(FetchQError) in try connection.deleteAll() }
+            state.cold = ColdIndex()  // after: a file opened again there brings its index
         }
     }
 
