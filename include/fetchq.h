@@ -40,17 +40,19 @@
  *    blocks of its size are freed there stops the process with a message;
  *    a later second free goes unnoticed. Memory checkers (ASan, valgrind) see a kept block as
  *    allocated: run them with FETCHQ_JANSSON_CACHE=0.
- *  - Signals. The engine's own threads (workers, the delivery thread, the
- *    timer, the transfer threads) run with every signal blocked but the
+ *  - Signals. The transfer threads run with every signal blocked but the
  *    synchronous ones (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS,
- *    SIGABRT): the process's signals go to the application's threads, and
- *    there a write into a closed pipe or past RLIMIT_FSIZE fails (EPIPE,
- *    EFBIG) instead of ending the process; so a cache write past the limit
- *    is skipped and a store write fails with FQ_ERR_STORE. Bodies and
- *    callbacks that run there inherit that mask. On the application's
- *    threads its own mask and dispositions apply: fq_engine_free() writes
- *    the cache file's last pages, and the fq_store_* calls write the store,
- *    on the calling thread (ignore SIGXFSZ to get an error instead).
+ *    SIGABRT); the workers, the delivery thread and the timer have the mask
+ *    of the thread that called fq_engine_new(), and bodies and callbacks,
+ *    and processes they start, inherit the mask of the thread they run on
+ *    (in "inline" mode a callback may run on a transfer thread: reset the
+ *    mask of a process started there, e.g. posix_spawnattr_setsigmask()).
+ *    The library's own writes to the cache file and the item store, on any
+ *    thread (fq_engine_new() and fq_engine_free() with a cache file, the
+ *    fq_store_* calls included), hold SIGXFSZ meanwhile: past RLIMIT_FSIZE
+ *    such a write fails instead of ending the process (a cache write is
+ *    skipped, a store write or an engine's cache file that cannot be set up
+ *    is FQ_ERR_STORE).
  *  - dlclose() does not unload the library (it is linked -z nodelete): the
  *    allocation functions given to jansson and the destructors of its
  *    thread-specific data (fq_last_error's message) stay valid for threads
@@ -345,10 +347,13 @@ typedef void (*fq_async_fn)(fq_op *op, void *userdata);
  *                   file share its rows, not their memory: an entry one
  *                   removes may still be served from another's memory, and
  *                   each bounds the file by the rows it knows of (the next
- *                   open trims it to max_bytes). A file deleted or replaced
- *                   while the engine runs is opened again at its path (made
- *                   anew if need be) at the next write, and a notice is
- *                   logged; what the old file held is not written again
+ *                   open trims it to max_bytes). A file deleted while the
+ *                   engine runs is made again at its path at the next
+ *                   write, and a notice is logged; what the old file held
+ *                   is not written again. One replaced by another file
+ *                   (moved into its path) is not followed, which SQLite
+ *                   cannot do safely: writes go on to the file opened, and
+ *                   a warning is logged
  *   "log"           "off", "critical", "error", "warning", "notice", "info",
  *                   "debug" or "trace" (default: the FETCHQ_LOG environment
  *                   variable, else "warning"); lines go to standard error or

@@ -84,30 +84,59 @@ void *fqs_current_release_list(void) { return current_release_list; }
 
 int fqs_eventfd(void) { return eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC); }
 
+static int start_thread(pthread_t *thread, void *(*start)(void *), void *arg) {
+    pthread_attr_t attr;
+    size_t size = 0;
+    if (pthread_getattr_default_np(&attr) != 0 && pthread_attr_init(&attr) != 0)
+        return pthread_create(thread, NULL, start, arg);
+    if (pthread_attr_getstacksize(&attr, &size) != 0 || size < FQS_THREAD_STACK)
+        pthread_attr_setstacksize(&attr, FQS_THREAD_STACK);
+    int rc = pthread_create(thread, &attr, start, arg);
+    pthread_attr_destroy(&attr);
+    return rc;
+}
+
+int fqs_start_thread(void *thread, void *(*start)(void *), void *arg) {
+    return start_thread((pthread_t *)thread, start, arg);
+}
+
 /* The new thread inherits the creating thread's mask: it is set here around
  * pthread_create. Synchronous signals stay deliverable (blocked, a fault's
  * signal would kill the process past the host's handler). */
-static int create_masked(pthread_t *thread, const pthread_attr_t *attr, void *(*start)(void *), void *arg) {
+int fqs_start_thread_masked(void *thread, void *(*start)(void *), void *arg) {
     sigset_t blocked, previous;
     sigfillset(&blocked);
     static const int synchronous[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS, SIGABRT};
     for (size_t i = 0; i < sizeof synchronous / sizeof *synchronous; i++) sigdelset(&blocked, synchronous[i]);
     pthread_sigmask(SIG_SETMASK, &blocked, &previous);
-    int rc = pthread_create(thread, attr, start, arg);
+    int rc = start_thread((pthread_t *)thread, start, arg);
     pthread_sigmask(SIG_SETMASK, &previous, NULL);
     return rc;
 }
 
-int fqs_start_thread(void *thread, void *(*start)(void *), void *arg) {
-    pthread_attr_t attr;
-    size_t size = 0;
-    if (pthread_getattr_default_np(&attr) != 0 && pthread_attr_init(&attr) != 0)
-        return create_masked((pthread_t *)thread, NULL, start, arg);
-    if (pthread_attr_getstacksize(&attr, &size) != 0 || size < FQS_THREAD_STACK)
-        pthread_attr_setstacksize(&attr, FQS_THREAD_STACK);
-    int rc = create_masked((pthread_t *)thread, &attr, start, arg);
-    pthread_attr_destroy(&attr);
-    return rc;
+unsigned fqs_xfsz_hold(void) {
+    sigset_t one, old, pending;
+    sigemptyset(&one);
+    sigaddset(&one, SIGXFSZ);
+    if (pthread_sigmask(SIG_BLOCK, &one, &old) != 0) return 0;
+    if (sigismember(&old, SIGXFSZ)) return 1; /* held already: nothing to undo */
+    if (sigpending(&pending) == 0 && sigismember(&pending, SIGXFSZ)) return 2; /* not ours: left */
+    return 3;
+}
+
+void fqs_xfsz_release(unsigned token) {
+    if (token < 2) return;
+    sigset_t one;
+    sigemptyset(&one);
+    sigaddset(&one, SIGXFSZ);
+    if (token == 3) {
+        sigset_t pending;
+        if (sigpending(&pending) == 0 && sigismember(&pending, SIGXFSZ)) {
+            struct timespec zero = {0, 0};
+            sigtimedwait(&one, NULL, &zero); /* raised by a write of ours: taken, not delivered */
+        }
+    }
+    pthread_sigmask(SIG_UNBLOCK, &one, NULL);
 }
 
 void fqs_set_thread_name(const char *name) {

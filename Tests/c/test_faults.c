@@ -473,15 +473,15 @@ typedef struct {
     atomic_int wrong;  /* a signal whose state on that thread was not as documented */
 } mask_probe;
 
+/* The mask of the thread that made the engine, which blocks nothing here:
+ * processes a body or callback starts inherit it (blocked, a child started
+ * there ignored SIGTERM: the review of the session's own changes). */
 static int mask_is_as_documented(void) {
     sigset_t now;
     if (pthread_sigmask(SIG_BLOCK, NULL, &now) != 0) return 0;
-    static const int blocked[] = {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGALRM, SIGPIPE, SIGXFSZ, SIGUSR1};
-    static const int open[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS, SIGABRT};
-    for (size_t i = 0; i < sizeof blocked / sizeof *blocked; i++)
-        if (sigismember(&now, blocked[i]) != 1) return 0;
-    for (size_t i = 0; i < sizeof open / sizeof *open; i++)
-        if (sigismember(&now, open[i]) != 0) return 0;
+    static const int open_[] = {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGALRM, SIGPIPE, SIGXFSZ, SIGUSR1, SIGSEGV};
+    for (size_t i = 0; i < sizeof open_ / sizeof *open_; i++)
+        if (sigismember(&now, open_[i]) != 0) return 0;
     return 1;
 }
 
@@ -500,9 +500,9 @@ static void mask_done(const fq_result *r, void *userdata) {
     atomic_fetch_or(&p->seen, 2);
 }
 
-/* The process's signals go to the application's threads: a worker and the
- * delivery thread block them, and leave the synchronous ones deliverable. */
-TEST(faults_engine_threads_block_the_process_signals) {
+/* Bodies and callbacks run with the signal mask of the thread that made the
+ * engine (a worker and the delivery thread inherit it). */
+TEST(faults_bodies_and_callbacks_keep_the_engine_makers_signal_mask) {
     sigset_t none, saved;
     sigemptyset(&none);
     REQUIRE(pthread_sigmask(SIG_SETMASK, &none, &saved) == 0);  /* this thread blocks nothing */
@@ -524,6 +524,27 @@ TEST(faults_engine_threads_block_the_process_signals) {
  * entries stay in memory), as fetchq.h says of a write that cannot be done.
  * Run in a child of its own: the limit and the signal would reach the
  * harness's output. */
+/* fork(); the child has SIGXFSZ at its default action (ending the process). */
+static pid_t fork_with_sigxfsz_at_its_default(void) {
+    fflush(NULL);
+    pid_t child = fork();
+    REQUIRE(child >= 0);
+    if (child == 0) signal(SIGXFSZ, SIG_DFL);
+    return child;
+}
+
+/* Waits for a test's child, CHECKs that it exited with status 0 (not by a
+ * signal: it is named), then removes its directory. */
+static void expect_child_exited_0_and_remove(pid_t child, const char *dir) {
+    int status = 0;
+    REQUIRE(waitpid(child, &status, 0) == child);
+    if (WIFSIGNALED(status)) h_note("the child ended by signal %d", WTERMSIG(status));
+    CHECK_EQ_INT(WIFEXITED(status) ? WEXITSTATUS(status) : -1, 0);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    CHECK_EQ_INT(system(cmd), 0);
+}
+
 /* How many requests the server saw on /cache. */
 static long long cache_hits(const fqt_server *s) {
     json_t *stats = fqt_server_stats(s);
@@ -554,11 +575,8 @@ TEST(faults_a_cache_write_past_the_file_size_limit_is_skipped) {
     REQUIRE(mkdtemp(dir) != NULL);
     char config[256];
     snprintf(config, sizeof config, "{\"log\": \"off\", \"cache\": {\"path\": \"%s/cache.db\"}}", dir);
-    fflush(NULL);
-    pid_t child = fork();
-    REQUIRE(child >= 0);
+    pid_t child = fork_with_sigxfsz_at_its_default();
     if (child == 0) {
-        signal(SIGXFSZ, SIG_DFL);
         json_t *cfg = fqt_json(config);
         fq_engine *e = fq_engine_new(cfg, NULL, 0);
         json_decref(cfg);
@@ -581,21 +599,10 @@ TEST(faults_a_cache_write_past_the_file_size_limit_is_skipped) {
         int again = 0;
         for (int i = 0; i < N; i++) again += atomic_load(&n[i].r.calls) == 1 && n[i].r.outcome == FQ_SUCCEEDED;
         long long sent = cache_hits(&s) - before;
-        /* fq_engine_free writes the file's last pages on this thread, where
-         * the application's own disposition of SIGXFSZ applies (fetchq.h) */
-        struct rlimit unlimited = {.rlim_cur = RLIM_INFINITY, .rlim_max = RLIM_INFINITY};
-        if (setrlimit(RLIMIT_FSIZE, &unlimited) != 0) _exit(16);
-        fq_engine_free(e);
+        fq_engine_free(e);  /* its last writes, on this thread, past the limit too */
         _exit(ok == N && again == N && sent == 0 ? 0 : 20);
     }
-    int status = 0;
-    REQUIRE(waitpid(child, &status, 0) == child);
-    if (WIFSIGNALED(status)) h_note("the child ended by signal %d", WTERMSIG(status));
-    CHECK(WIFEXITED(status));
-    CHECK_EQ_INT(WIFEXITED(status) ? WEXITSTATUS(status) : -1, 0);
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    CHECK_EQ_INT(system(cmd), 0);
+    expect_child_exited_0_and_remove(child, dir);
     fqt_server_stop(&s);
 }
 
@@ -659,4 +666,43 @@ TEST_T(faults_processes_opening_one_new_file_together_all_start, 120) {
     char cmd[200];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     CHECK_EQ_INT(system(cmd), 0);
+}
+
+/* The same for the library's writes on the application's own thread: an
+ * engine whose cache file cannot be set up, a store that cannot be opened or
+ * written past RLIMIT_FSIZE, with SIGXFSZ at its default action, ended the
+ * process; they fail with FQ_ERR_STORE. In a child of its own. */
+TEST(faults_file_writes_past_the_size_limit_on_the_callers_thread_fail) {
+    char dir[] = "/tmp/fq-fsize2-XXXXXX";
+    REQUIRE(mkdtemp(dir) != NULL);
+    char cache_config[256], store_path[200];
+    snprintf(cache_config, sizeof cache_config, "{\"log\": \"off\", \"cache\": {\"path\": \"%s/cache.db\"}}", dir);
+    snprintf(store_path, sizeof store_path, "%s/store.db", dir);
+    pid_t child = fork_with_sigxfsz_at_its_default();
+    if (child == 0) {
+        struct rlimit tiny = {.rlim_cur = 1024, .rlim_max = RLIM_INFINITY};
+        struct rlimit unlimited = {.rlim_cur = RLIM_INFINITY, .rlim_max = RLIM_INFINITY};
+        if (setrlimit(RLIMIT_FSIZE, &tiny) != 0) _exit(11);
+        json_t *cfg = fqt_json(cache_config);
+        fq_engine *e = fq_engine_new(cfg, NULL, 0);
+        json_decref(cfg);
+        if (e != NULL || fq_last_status() != FQ_ERR_STORE) _exit(12);
+        /* a store opened with room, then written without */
+        if (setrlimit(RLIMIT_FSIZE, &unlimited) != 0) _exit(13);
+        fq_store *st = fq_store_open(store_path, NULL, 0);
+        if (!st) _exit(14);
+        struct rlimit small = {.rlim_cur = 64 * 1024, .rlim_max = RLIM_INFINITY};
+        if (setrlimit(RLIMIT_FSIZE, &small) != 0) _exit(15);
+        json_t *items = json_array();
+        for (int i = 0; i < 2000; i++)
+            json_array_append_new(items, json_pack("{s:i,s:s}", "id", i, "text",
+                                                   "a line of text long enough to fill pages quickly, again and again"));
+        json_t *report = NULL;
+        int rc = fq_store_upsert(st, "c", items, "/id", NULL, &report);
+        json_decref(items);
+        json_decref(report);
+        fq_store_free(st);
+        _exit(rc == FQ_ERR_STORE ? 0 : 16);
+    }
+    expect_child_exited_0_and_remove(child, dir);
 }

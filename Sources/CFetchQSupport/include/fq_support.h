@@ -32,13 +32,25 @@ void fqs_set_thread_name(const char *name);
  * FQS_THREAD_STACK bytes, whatever default stack size the host process set
  * (ulimit -s, pthread_setattr_default_np): bodies, callbacks and jansson's
  * recursive json_delete of a 2048-deep value run there. A larger default is
- * kept. The thread starts with every signal blocked but the synchronous
- * ones (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS, SIGABRT): the
- * process's signals go to the application's threads, and a write past
- * RLIMIT_FSIZE or into a closed pipe fails (EFBIG, EPIPE) instead of ending
- * the process. Returns pthread_create's result. */
+ * kept. The thread starts with the creating thread's signal mask (bodies,
+ * callbacks and the processes they start inherit it). Returns
+ * pthread_create's result. */
 #define FQS_THREAD_STACK (8u << 20)
 int fqs_start_thread(void *thread, void *(*start)(void *), void *arg);
+/* The same with every signal blocked but the synchronous ones (SIGSEGV,
+ * SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS, SIGABRT): for a transfer thread,
+ * where the process's signals must not land and a write into a closed socket
+ * fails with EPIPE. */
+int fqs_start_thread_masked(void *thread, void *(*start)(void *), void *arg);
+
+/* SIGXFSZ held on the calling thread around a file write of the library's
+ * own (the cache file, the item store): a write past RLIMIT_FSIZE then fails
+ * with EFBIG (an I/O error of SQLite's) instead of ending the process by the
+ * signal's default action, and the signal it raised is taken, not delivered.
+ * fqs_xfsz_release(token) undoes fqs_xfsz_hold() (nothing when SIGXFSZ was
+ * blocked already; a SIGXFSZ pending before is left pending). */
+unsigned fqs_xfsz_hold(void);
+void fqs_xfsz_release(unsigned token);
 
 /* jansson's allocation functions with a per-thread cache of small freed
  * blocks (jansson_cache.c). They hand out and take back plain malloc blocks,

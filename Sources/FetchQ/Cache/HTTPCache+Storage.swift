@@ -162,15 +162,17 @@ extension HTTPCache {
             return ((info.st_dev, info.st_ino), false)
         }
 
-        /// The path names no file now, or another one: the file was deleted or replaced
-        /// while open, and what is written to it would be lost with it. (A path that
-        /// cannot be looked at now, a directory made unsearchable, is not: the open file
-        /// is written as before.)
-        var fileWasReplaced: Bool {
-            guard let identity else { return false }
+        enum FileState { case same, deleted, replaced }
+
+        /// Whether the path still names the file opened: `deleted` when it names none,
+        /// `replaced` when it names another. (A path that cannot be looked at now, a
+        /// directory made unsearchable, counts as the same: the open file is written as
+        /// before.)
+        var fileState: FileState {
+            guard let identity else { return .same }
             let now = Self.identity(of: path)
-            guard let id = now.id else { return now.gone }
-            return id != identity
+            guard let id = now.id else { return now.gone ? .deleted : .same }
+            return id == identity ? .same : .replaced
         }
 
         // MARK: - Setup
@@ -324,14 +326,17 @@ extension HTTPCache {
 
         // MARK: - Transactions
 
+        /// (SIGXFSZ held: see `withFileSizeSignalHeld`.)
         private func transaction(_ body: () throws(FetchQError) -> Void) throws(FetchQError) {
-            do {
-                try sqlite.beginImmediate("begin")
-                try body()
-                try sqlite.commit("commit")
-            } catch {
-                sqlite.rollbackIfActive()
-                throw error
+            try withFileSizeSignalHeld { () throws(FetchQError) in
+                do throws(FetchQError) {
+                    try sqlite.beginImmediate("begin")
+                    try body()
+                    try sqlite.commit("commit")
+                } catch {
+                    sqlite.rollbackIfActive()
+                    throw error
+                }
             }
         }
     }

@@ -162,9 +162,11 @@ public final class HTTPCache: Sendable {
         var unreportedPersistenceError: FetchQError?
         /// Since the last write that worked, writes have failed.
         var inFailedRun = false
-        /// The file was deleted or replaced and a new one opened at the path, until
-        /// `takeReopened` reports it.
+        /// The file was deleted and a new one made at the path, until `takeReopened`
+        /// reports it.
         var reopened = false
+        /// The file was found replaced by another (reported once: see `record`).
+        var replacedReported = false
 
         var bytes: Int { entries.bytes + cold.bytes }
     }
@@ -411,8 +413,8 @@ public final class HTTPCache: Sendable {
         state.withLock { state in state.unreportedPersistenceError.take() }
     }
 
-    /// Whether the file was found deleted or replaced, and the path opened again (a new
-    /// file, or the one that replaced it), since the last call.
+    /// Whether the file was found deleted, and a new one made at the path, since the last
+    /// call.
     public func takeReopened() -> Bool {
         state.withLock { state in
             defer { state.reopened = false }
@@ -530,20 +532,38 @@ public final class HTTPCache: Sendable {
     }
 
     /// Runs a write on the file, keeping its error instead of failing the cache. A file
-    /// deleted or replaced since it was opened (the path names none now, or another) is
-    /// opened again at its path first, as a new file if need be: what is written to the
-    /// old one would be lost with it. What the old file held is not written again (a
-    /// file deleted to clear the cache stays cleared); the entries in memory stay.
+    /// deleted since it was opened (the path names none now) is made again at its path
+    /// first: what is written to the old one would be lost with it. What the old file held
+    /// is not written again (a file deleted to clear the cache stays cleared); the entries
+    /// in memory stay. A file replaced by another one is not followed: the `-wal` and
+    /// `-shm` files at the path may be the old file's or the new one's, and a connection
+    /// opened there would read the old log over the new file (SQLite's own warning about
+    /// files renamed while open); writes go on to the file opened, and a warning says so.
     private func record(_ state: inout State, _ body: (CacheConnection) throws(FetchQError) -> Void) {
         guard var connection = state.connection else { return }
         do {
-            if connection.fileWasReplaced {
+            switch connection.fileState {
+            case .same:
+                break
+            case .deleted:
+                // Closed first; a moved or deleted file's log is not checkpointed or removed
+                // by SQLite, so what is left beside the path is the old file's: removed, or
+                // a new file there would get the old rows back from it.
+                connection.close()
+                unlink(connection.path + "-wal")
+                unlink(connection.path + "-shm")
                 let reopened = try CacheConnection(path: connection.path)
                 state.cold = try reopened.openIndex(maxBytes: maxBytes)
-                connection.close()
                 state.connection = reopened
                 state.reopened = true
                 connection = reopened
+            case .replaced:
+                if !state.replacedReported {
+                    state.replacedReported = true
+                    state.unreportedPersistenceError = FetchQError(
+                        .store, "http cache \(JSONPointer.quoted(connection.path)): the file was replaced by another "
+                            + "while open; entries go on to the file this engine opened, not to the new one")
+                }
             }
             try body(connection)
             state.inFailedRun = false

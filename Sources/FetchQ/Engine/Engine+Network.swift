@@ -277,7 +277,7 @@ extension Engine {
             }
         }
         if let cache = httpCache, cache.persistPath != nil, cache.takeReopened() {
-            logger.notice("http cache: its file was deleted or replaced; entries are written to the file at its path now",
+            logger.notice("http cache: its file was deleted; entries are written to a new file at its path",
                           metadata: ["path": "\(cache.persistPath ?? "")"])
         }
         if let cache = httpCache, cache.persistPath != nil, let error = cache.takeUnreportedPersistenceError() {

@@ -1,9 +1,20 @@
+import CFetchQSupport
 import CSQLite
 import Glibc
 
 /// `SQLITE_TRANSIENT` (a macro, `((sqlite3_destructor_type)-1)`): SQLite copies the bytes
 /// before the bind call returns.
 private let sqliteTransient = unsafeBitCast(-1 as Int, to: sqlite3_destructor_type.self)
+
+/// Runs `body`, a file write of the library's own (opening, a transaction, closing), with
+/// SIGXFSZ held on this thread (`fqs_xfsz_hold`): past RLIMIT_FSIZE the write fails as an
+/// I/O error instead of ending the host process, on any thread.
+@inline(__always)
+func withFileSizeSignalHeld<R, E: Error>(_ body: () throws(E) -> R) throws(E) -> R {
+    let token = fqs_xfsz_hold()
+    defer { fqs_xfsz_release(token) }
+    return try body()
+}
 
 /// A failure inside ``SQLiteConnection``, before the component that owns the connection
 /// (the item store, the HTTP cache) turns it into its own error with
@@ -60,6 +71,8 @@ final class SQLiteConnection<Failure: Error> {
         path: String, busyTimeoutMilliseconds: Int32,
         mapError: @escaping (SQLiteError) -> Failure
     ) throws(Failure) {
+        let held = fqs_xfsz_hold()  // opening may write (a -shm, a log's recovery)
+        defer { fqs_xfsz_release(held) }
         self.path = path
         self.mapError = mapError
         var handle: OpaquePointer?
@@ -86,7 +99,7 @@ final class SQLiteConnection<Failure: Error> {
     /// closes the connection and rethrows.
     func setUp(_ body: () throws(Failure) -> Void) throws(Failure) {
         do {
-            try body()
+            try withFileSizeSignalHeld(body)
         } catch {
             close()
             throw error
@@ -98,7 +111,8 @@ final class SQLiteConnection<Failure: Error> {
     func close() {
         for statement in statements { sqlite3_finalize(statement) }
         statements.removeAll()
-        if let db { sqlite3_close_v2(db) }
+        // The last connection checkpoints the log into the file.
+        if let db { withFileSizeSignalHeld { () -> Void in _ = sqlite3_close_v2(db) } }
         db = nil
     }
 

@@ -212,6 +212,11 @@ final class StoreConnection {
     /// recovery by another process), the whole transaction is rolled back and rerun, at most
     /// ``busyAttempts`` times; `body` must therefore only change the database.
     private func transaction<R>(_ body: () throws(StoreFailure) -> R) throws(StoreFailure) -> R {
+        try withFileSizeSignalHeld { () throws(StoreFailure) -> R in try transactionHeld(body) }
+    }
+
+    /// `transaction` with SIGXFSZ held (see `withFileSizeSignalHeld`).
+    private func transactionHeld<R>(_ body: () throws(StoreFailure) -> R) throws(StoreFailure) -> R {
         var attempt = 1
         while true {
             do {

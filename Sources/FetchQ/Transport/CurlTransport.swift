@@ -47,10 +47,10 @@ package final class CurlTransport: HTTPTransport, @unchecked Sendable {
         self.core = core
 
         // The loop thread starts with the process's signals blocked (see
-        // fqs_start_thread): a SIGPIPE from a dead socket becomes EPIPE.
+        // fqs_start_thread_masked): a SIGPIPE from a dead socket becomes EPIPE.
         var thread = pthread_t()
         let context = Unmanaged.passRetained(core).toOpaque()
-        let rc = fqs_start_thread(&thread, { context in
+        let rc = fqs_start_thread_masked(&thread, { context in
             let core = Unmanaged<CurlLoop>.fromOpaque(context!).takeRetainedValue()
             fqs_jansson_cache_thread_enable(1)  // parses responses and frees their values
             core.run()
