@@ -352,8 +352,11 @@ typedef void (*fq_async_fn)(fq_op *op, void *userdata);
  *                   write, and a notice is logged; what the old file held
  *                   is not written again. One replaced by another file
  *                   (moved into its path) is not followed, which SQLite
- *                   cannot do safely: writes go on to the file opened, and
- *                   a warning is logged
+ *                   cannot do safely, and a warning is logged: writes go
+ *                   on to the file opened and its log beside the path,
+ *                   which the next opener of the new file reads over it
+ *                   (SQLite's hazard of a file renamed while open): replace
+ *                   the file only while no engine has it open
  *   "log"           "off", "critical", "error", "warning", "notice", "info",
  *                   "debug" or "trace" (default: the FETCHQ_LOG environment
  *                   variable, else "warning"); lines go to standard error or
