@@ -411,6 +411,12 @@ const char *fqt_url(const fqt_server *s, const char *path, char *buf, size_t len
     return buf;
 }
 
+const char *fqt_get_request(const fqt_server *s, const char *path, char *buf, size_t len) {
+    char url[256];
+    snprintf(buf, len, "{\"url\": \"%s\"}", fqt_url(s, path, url, sizeof url));
+    return buf;
+}
+
 int fqt_http_get(int port, const char *target, char **body, size_t *len) {
     if (body) *body = NULL;
     if (len) *len = 0;

@@ -149,6 +149,8 @@ void fqt_server_start(fqt_server *s, const char *files_dir);
 void fqt_server_stop(fqt_server *s);
 /* "<base><path>" into buf (static-size helper for URLs). */
 const char *fqt_url(const fqt_server *s, const char *path, char *buf, size_t len);
+/* A GET request's JSON text, {"url": "<base><path>"}, into buf; returns buf. */
+const char *fqt_get_request(const fqt_server *s, const char *path, char *buf, size_t len);
 
 /* A plain HTTP/1.1 GET over its own socket (Connection: close; 10 s receive
  * timeout, scaled), independent of the library. Returns the status (> 0) or

@@ -556,11 +556,10 @@ static long long cache_hits(const fqt_server *s) {
 /* GETs /cache?key=fsize-I (cacheable for 600 s) for I < n and waits for
  * them; false when a submit or the wait failed. */
 static bool get_cached_keys(fq_engine *e, fq_queue *q, const fqt_server *s, netrec *n, int count) {
-    char url[200], path[64], request[300];
+    char path[64], request[300];
     for (int i = 0; i < count; i++) {
         snprintf(path, sizeof path, "/cache?key=fsize-%d&max_age=600", i);
-        snprintf(request, sizeof request, "{\"url\": \"%s\"}", fqt_url(s, path, url, sizeof url));
-        json_t *req = fqt_json(request);
+        json_t *req = fqt_json(fqt_get_request(s, path, request, sizeof request));
         fq_op_id id = fq_submit_request(q, req, NULL, net_done, &n[i]);
         json_decref(req);
         if (id <= 0) return false;

@@ -1657,9 +1657,8 @@ TEST(http_a_shared_gets_callers_do_not_end_with_the_first_callers_failed_depende
     REQUIRE(dep > 0 && WAIT_UNTIL(atomic_load(&failing.calls) == 1, FQT_LONG_MS));
     CHECK_EQ_INT(failing.outcome, FQ_FAILED);
     CHECK_OK(fq_queue_set_suspended(q, true));
-    char url[256], req[400];
-    fqt_url(&s, "/json?size=3", url, sizeof url);
-    snprintf(req, sizeof req, "{\"url\": \"%s\"}", url);
+    char req[400];
+    fqt_get_request(&s, "/json?size=3", req, sizeof req);
     fq_op_id a = fqt_request(q, req, NULL, rec_done, &first);
     fq_op_id b = fqt_request(q, req, NULL, rec_done, &second); /* shares a's transfer */
     REQUIRE(a > 0 && b > 0);
@@ -1700,9 +1699,8 @@ TEST(http_stats_add_up_while_a_carrier_runs_a_shared_get) {
     fqt_server_start(&s, NULL);
     fq_engine *e = fqt_engine(NULL);
     fq_queue *q = fqt_queue(e, "q", 4);
-    char url[256], req[400];
-    fqt_url(&s, "/delay?ms=600", url, sizeof url);
-    snprintf(req, sizeof req, "{\"url\": \"%s\"}", url);
+    char req[400];
+    fqt_get_request(&s, "/delay?ms=600", req, sizeof req);
     rec r[3];
     memset(r, 0, sizeof r);
     fq_op_id first = fqt_request(q, req, NULL, rec_done, &r[0]);
@@ -1735,9 +1733,8 @@ TEST(http_a_retry_in_a_freed_suspended_queue_still_runs) {
     fqt_server_start(&s, NULL);
     fq_engine *e = fqt_engine(NULL);
     fq_queue *doomed = fqt_queue(e, "doomed", 2), *live = fqt_queue(e, "live", 2);
-    char url[256], req[400];
-    fqt_url(&s, "/flaky?key=freed-suspended&fail=1&ms=150", url, sizeof url);
-    snprintf(req, sizeof req, "{\"url\": \"%s\"}", url);
+    char req[400];
+    fqt_get_request(&s, "/flaky?key=freed-suspended&fail=1&ms=150", req, sizeof req);
     const char *retry = "{\"retry\": {\"max\": 2, \"base\": 0.01}}";
     rec first = {0}, shared = {0};
     REQUIRE(fqt_request(doomed, req, retry, rec_done, &first) > 0);
@@ -1768,9 +1765,8 @@ TEST(http_a_shared_gets_carrier_does_not_wait_for_a_barrier_waiting_for_its_call
     fq_engine *e = fqt_engine(NULL);
     fq_queue *held = fqt_queue(e, "held", 1), *q = fqt_queue(e, "q", 2);
     CHECK_OK(fq_queue_set_suspended(held, true));
-    char url[256], req[400];
-    fqt_url(&s, "/json?n=3", url, sizeof url);
-    snprintf(req, sizeof req, "{\"url\": \"%s\"}", url);
+    char req[400];
+    fqt_get_request(&s, "/json?n=3", req, sizeof req);
     rec leader = {0}, caller = {0}, barrier = {0}, after = {0};
     fq_op_id lead = fqt_request(held, req, NULL, rec_done, &leader);
     REQUIRE(lead > 0);
@@ -1806,9 +1802,8 @@ TEST(http_a_carrier_for_callers_after_a_barrier_waits_for_it) {
     fqt_server_start(&s, NULL);
     fq_engine *e = fqt_engine(NULL);
     fq_queue *q = fqt_queue(e, "q", 4);
-    char url[256], req[400];
-    fqt_url(&s, "/json?n=2", url, sizeof url);
-    snprintf(req, sizeof req, "{\"url\": \"%s\"}", url);
+    char req[400];
+    fqt_get_request(&s, "/json?n=2", req, sizeof req);
     rec barrier = {0}, first = {0}, second = {0};
     REQUIRE(fqt_async(q, body_async_capture, "{\"barrier\": true}", rec_done, &barrier) > 0);
     REQUIRE(WAIT_UNTIL(atomic_load(&barrier.op) != NULL, FQT_LONG_MS));
