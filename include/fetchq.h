@@ -840,6 +840,33 @@ const fq_result *fq_op_dependency(const fq_op *op, fq_op_id dep);
  * harmless. */
 int fq_cancel(fq_engine *engine, fq_op_id id);
 
+/* Where an operation stands, as fq_state() reports it (like NSOperation's
+ * isReady, isExecuting, isFinished and isCancelled). */
+typedef enum fq_op_state {
+    FQ_STATE_WAITING = 1,   /* waits for a dependency or a barrier */
+    FQ_STATE_READY = 2,     /* could start: waits for a place (max_concurrent,
+                               max_per_host, a rate limit), its queue's resume,
+                               its next attempt's time, or a transfer it shares */
+    FQ_STATE_RUNNING = 3,   /* started and not ended */
+    FQ_STATE_SUCCEEDED = 4, /* ended: its callback may not have returned yet */
+    FQ_STATE_FAILED = 5,
+    FQ_STATE_CANCELLED = 6
+} fq_op_state;
+
+/* Returns where operation `id` stands now, one of fq_op_state's values (> 0),
+ * or a negative status: FQ_ERR_NOT_FOUND for an id the engine never gave
+ * out, or one that ended longer ago than config "history" remembers (with
+ * "history": 0, every ended one), FQ_ERR_INVALID for a NULL engine. Every
+ * operation whose submit returned before the call is seen. Counted as in
+ * fq_engine_stats: WAITING and READY are "queued" (an operation sharing a
+ * coalesced GET's transfer stays READY until that transfer ends, one
+ * between two attempts is READY until its next attempt starts), RUNNING is
+ * "running". The answer may be out of date as soon as it returns: an
+ * operation may start or end meanwhile; the completion callback is what
+ * says it ended. May be called from any thread, callbacks and operation
+ * bodies included. */
+int fq_state(fq_engine *engine, fq_op_id id);
+
 /* Cancels every unfinished operation whose "group" is `group`. Returns how
  * many were cancelled (>= 0) or a negative status. */
 int fq_cancel_group(fq_engine *engine, const char *group);

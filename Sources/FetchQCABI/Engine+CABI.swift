@@ -90,6 +90,16 @@ public func fq_cancel(_ handle: OpaquePointer?, _ id: fq_op_id) -> Int32 {
 }
 
 @c @implementation
+public func fq_state(_ handle: OpaquePointer?, _ id: fq_op_id) -> Int32 {
+    guard let e = engine(handle) else { return fail(nullHandle) }
+    do {
+        return try e.state(of: id).rawValue
+    } catch {
+        return fail(error)
+    }
+}
+
+@c @implementation
 public func fq_cancel_group(_ handle: OpaquePointer?, _ group: UnsafePointer<CChar>?) -> Int32 {
     guard let e = engine(handle), let group else { return fail(.invalid, "NULL engine or group") }
     do {

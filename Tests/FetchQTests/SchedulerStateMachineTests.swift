@@ -286,6 +286,47 @@ import Testing
         #expect(m.liveCount == 0 && m.counters.queued == 0 && m.counters.running == 0)
     }
 
+    /// `fq_state`'s answer for each state of the machine: what waits for a
+    /// slot, a retry time or a shared transfer is ready (the stats count it
+    /// queued); the engine's own carrier and forgotten ids are not found.
+    @Test func reportedStatesFollowTheStatsCounts() {
+        var m = Machine(config: Machine.Config(agingNanos: 0, maxPerHost: 100, history: 2))
+        let q = m.addQueue(name: "q", maxConcurrent: 1)
+        let (a, _) = submit(&m, q, host: "h:1")
+        let (b, _) = submit(&m, q)
+        let (c, _) = submit(&m, q, deps: [a])
+        #expect(m.reportedState(of: a) == .running)
+        #expect(m.reportedState(of: b) == .ready)
+        #expect(m.reportedState(of: c) == .waiting)
+        #expect(m.reportedState(of: 987_654) == nil)
+        #expect(started(m.retryLater(a, until: 100, now: 10)) == [b])
+        #expect(m.reportedState(of: a) == .ready)  // between two attempts
+        #expect(m.reportedState(of: b) == .running)
+        _ = m.finished(b, .failed, payload: nil, now: 11)
+        #expect(m.reportedState(of: b) == .failed)
+        #expect(m.reportedState(of: a) == .ready)  // until its retry time
+        #expect(started(m.expire(now: 100) { _ in "" }) == [a])
+        #expect(m.reportedState(of: a) == .running)
+        _ = m.finished(a, .succeeded, payload: nil, now: 101)
+        #expect(m.reportedState(of: a) == .succeeded)
+        #expect(m.reportedState(of: c) == .running)
+        _ = try! m.cancel(c, now: 13).get()
+        #expect(m.reportedState(of: c) == .running)  // a running body ends when it returns
+        _ = m.finished(c, .cancelled, payload: nil, now: 14)
+        #expect(m.reportedState(of: c) == .cancelled)
+        // history 2: the oldest of the three ended ones is forgotten.
+        #expect(m.reportedState(of: b) == nil)
+        var carrier = Machine.Spec(queue: q)
+        carrier.isInternal = true
+        let (carrierID, _) = try! m.submit(carrier, now: 15).get()
+        var follower = Machine.Spec(queue: q)
+        follower.attached = true
+        let (f, _) = try! m.submit(follower, now: 15).get()
+        #expect(m.reportedState(of: carrierID) == nil)
+        #expect(m.reportedState(of: f) == .ready)
+        #expect(m.counters.queued == 1)  // the follower, as the stats count it
+    }
+
     @Test func cancellingEverythingReadyDropsTheQueuedEntries() {
         var m = Machine()
         let q = m.addQueue(name: "q", maxConcurrent: 1)

@@ -400,3 +400,79 @@ TEST(history_bounds_depends_on) {
     rec_clear(&c);
     fqt_engine_free(e);
 }
+
+/* Block body: records in r->tag what fq_state() says of its own operation
+ * (r->user is the engine). */
+static json_t *body_reads_own_state(fq_op *op, void *userdata) {
+    rec *r = userdata;
+    atomic_fetch_add(&r->body_runs, 1);
+    r->tag = fq_state(r->user, fq_op_get_id(op));
+    return NULL;
+}
+
+/* A completion callback that records fq_state() of the ended operation in
+ * `seen` before rec_done. */
+typedef struct state_rec {
+    rec r;
+    fq_engine *engine;
+    atomic_int seen;
+} state_rec;
+
+static void state_rec_done(const fq_result *res, void *userdata) {
+    state_rec *s = userdata;
+    atomic_store(&s->seen, fq_state(s->engine, fq_result_op_id(res)));
+    rec_done(res, &s->r);
+}
+
+TEST(fq_state_follows_an_operation_from_submit_to_end) {
+    fq_engine *e = fqt_engine("{\"history\": 6}");
+    fq_queue *q = fqt_queue(e, "q", 1);
+    fq_queue *held = fqt_queue(e, "held", 4);
+    CHECK_OK(fq_queue_set_suspended(held, true));
+    rec a = {0}, b = {0}, c = {0}, d = {0}, bar = {0}, after = {0};
+    state_rec ended = {.engine = e};
+    fq_op_id ida = fqt_async(q, body_async_capture, NULL, rec_done, &a);
+    REQUIRE(ida > 0);
+    REQUIRE(WAIT_UNTIL(atomic_load(&a.op) != NULL, FQT_LONG_MS));
+    c.user = e;
+    fq_op_id idb = fqt_block(q, body_tag, NULL, rec_done, &b);
+    fq_op_id idc = fqt_block(q, body_reads_own_state, deps_opts(ida, 0), rec_done, &c);
+    fq_op_id idd = fqt_block(held, body_tag, NULL, rec_done, &d);
+    fq_op_id idbar = fqt_block(q, body_tag, "{\"barrier\": true}", rec_done, &bar);
+    fq_op_id idafter = fqt_block(q, body_tag, NULL, rec_done, &after);
+    REQUIRE(idb > 0 && idc > 0 && idd > 0 && idbar > 0 && idafter > 0);
+    CHECK_EQ_INT(fq_state(e, ida), FQ_STATE_RUNNING);
+    CHECK_EQ_INT(fq_state(e, idb), FQ_STATE_READY);       /* waits for the one place */
+    CHECK_EQ_INT(fq_state(e, idc), FQ_STATE_WAITING);     /* for a */
+    CHECK_EQ_INT(fq_state(e, idd), FQ_STATE_READY);       /* for its queue's resume */
+    CHECK_EQ_INT(fq_state(e, idbar), FQ_STATE_WAITING);   /* for those before it */
+    CHECK_EQ_INT(fq_state(e, idafter), FQ_STATE_WAITING); /* for the barrier */
+    CHECK_OK(fq_cancel(e, idd));
+    CHECK_EQ_INT(fq_state(e, idd), FQ_STATE_CANCELLED);
+    CHECK_OK(fqt_finish_in_thread(atomic_load(&a.op), json_pack("{s:i}", "n", 1), NULL));
+    CHECK_OK(fq_queue_wait(q, FQT_LONG_MS));
+    CHECK_EQ_INT(c.tag, FQ_STATE_RUNNING); /* read inside its own body */
+    CHECK_EQ_INT(fq_state(e, ida), FQ_STATE_SUCCEEDED);
+    CHECK_EQ_INT(fq_state(e, idafter), FQ_STATE_SUCCEEDED);
+    /* In its completion callback an operation has ended. */
+    fq_op_id idf = fqt_block(q, body_fail_boom, NULL, state_rec_done, &ended);
+    REQUIRE(idf > 0);
+    CHECK_OK(fq_queue_wait(q, FQT_LONG_MS));
+    CHECK_EQ_INT(atomic_load(&ended.seen), FQ_STATE_FAILED);
+    CHECK_EQ_INT(fq_state(e, idf), FQ_STATE_FAILED);
+    /* history 6: of the seven ended, the first (d, cancelled) is forgotten. */
+    CHECK_EQ_INT(fq_state(e, ida), FQ_STATE_SUCCEEDED);
+    CHECK_EQ_INT(fq_state(e, idd), FQ_ERR_NOT_FOUND);
+    CHECK(strstr(fq_last_error(), "history") != NULL);
+    CHECK_EQ_INT(fq_state(e, 987654321), FQ_ERR_NOT_FOUND);
+    CHECK_EQ_INT(fq_state(e, 0), FQ_ERR_NOT_FOUND);
+    CHECK_EQ_INT(fq_state(NULL, idf), FQ_ERR_INVALID);
+    rec *all[] = {&a, &b, &c, &d, &bar, &after, &ended.r};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        CHECK_EQ_INT(atomic_load(&all[i]->calls), 1);
+        rec_clear(all[i]);
+    }
+    fq_queue_free(held);
+    fq_queue_free(q);
+    fqt_engine_free(e);
+}

@@ -242,6 +242,18 @@ public final class Engine: @unchecked Sendable {
         }
     }
 
+    /// Where operation `id` stands (`fq_state`). Every operation whose
+    /// submit returned before the call is booked first (`lockEngine`).
+    public func state(of id: OpID) throws(FetchQError) -> OperationState {
+        lockEngine()
+        let state = machine.reportedState(of: id)
+        unlockEngine()
+        guard let state else {
+            throw FetchQError(.notFound, "no operation \(id) (never submitted, or no longer in the engine's history)")
+        }
+        return state
+    }
+
     public func addDependency(_ id: OpID, on dep: OpID) throws(FetchQError) {
         lockEngine()
         // Read before: a dependency that already failed ends the operation

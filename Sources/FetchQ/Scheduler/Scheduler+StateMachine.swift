@@ -1674,4 +1674,22 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         liveSlot(id).flatMap { slots[$0].links < 0 ? nil : linkTable[Int(slots[$0].links)].group }
     }
     func finishedOutcome(of id: OpID) -> Outcome? { finishedSlot(id).map { slots[$0].outcome } }
+    /// What `fq_state` reports for `id`: nil for an id never booked, one
+    /// history no longer remembers, and the engine's own (internal) work.
+    /// Operations sharing a transfer, and those between two attempts, are
+    /// `ready`, as the stats count them queued.
+    func reportedState(of id: OpID) -> OperationState? {
+        guard let s = index[id].map({ Int($0) }), !slots[s].isInternal else { return nil }
+        switch slots[s].state {
+        case .waiting: return .waiting
+        case .ready, .backoff, .attached: return .ready
+        case .running: return .running
+        case .finished:
+            switch slots[s].outcome {
+            case .succeeded: return .succeeded
+            case .failed: return .failed
+            case .cancelled: return .cancelled
+            }
+        }
+    }
 }

@@ -10,6 +10,21 @@ public enum Outcome: Int32, Sendable {
     case cancelled = 3
 }
 
+/// Where an operation stands, as `fq_state` reports it (1:1 with
+/// `fq_op_state` in include/fetchq.h).
+public enum OperationState: Int32, Sendable, CaseIterable {
+    /// Waits for a dependency or a barrier.
+    case waiting = 1
+    /// Could start: waits for a place (max_concurrent, max_per_host, a rate
+    /// limit), its queue's resume, its retry time, or a transfer it shares.
+    case ready = 2
+    /// Started and not ended.
+    case running = 3
+    case succeeded = 4
+    case failed = 5
+    case cancelled = 6
+}
+
 /// Status codes, 1:1 with `fq_status` in include/fetchq.h.
 public enum FQStatus: Int32, Sendable, CaseIterable {
     case ok = 0

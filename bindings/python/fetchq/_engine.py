@@ -69,6 +69,7 @@ _LOG_LEVELS = {0: 5, 1: logging.DEBUG, 2: logging.INFO, 3: 25, 4: logging.WARNIN
 ProgressFn = Callable[[int, Optional[int]], Any]
 OpRef = Union[int, "Future[Any]", "AsyncFuture[Any]"]
 
+_STATES = {1: "waiting", 2: "ready", 3: "running", 4: "succeeded", 5: "failed", 6: "cancelled"}
 _PRIORITIES = {"very-low": -8, "low": -4, "normal": 0, "high": 4, "very-high": 8}
 _UNSET: Any = object()
 _INT32_MAX = 2**31 - 1
@@ -1878,6 +1879,19 @@ class _EngineBase:
             return False
         _ffi.check(status)
         return True
+
+    def state(self, op: OpRef) -> str:
+        """Where an operation stands now (fq_state): "waiting" (for a
+        dependency or a barrier), "ready" (for a place, its queue's resume,
+        a retry's time or a shared transfer), "running", or how it ended:
+        "succeeded", "failed", "cancelled" (its future may not be resolved
+        yet). Raises NotFound for an id the engine never gave out or no
+        longer remembers (config "history")."""
+        status = self._core.call(self._core.lib.fq_state, self._core.op_id_of(op))
+        if status > 0:
+            return _STATES[status]
+        _ffi.check(status)
+        raise AssertionError("fq_state returned %d" % status)  # pragma: no cover
 
     def cancel_group(self, group: str) -> int:
         """Cancels every unfinished operation submitted with ``group=``."""

@@ -285,6 +285,53 @@ def test_add_dependency_and_cycles(engine: fetchq.Engine) -> None:
     assert order == ["b", "a"]
 
 
+def test_state_follows_an_operation(engine: fetchq.Engine) -> None:
+    q = engine.queue("states", max_concurrent=1)
+    started, release = threading.Event(), threading.Event()
+    seen: List[str] = []
+
+    def hold() -> int:
+        started.set()
+        release.wait(TIMEOUT)
+        return 1
+
+    a = q.submit(hold)
+    assert started.wait(TIMEOUT)
+    b = q.submit(lambda: 2)
+    c = q.submit(lambda: seen.append(engine.state(c)), depends_on=[a])
+    assert (engine.state(a), engine.state(b), engine.state(c)) == ("running", "ready", "waiting")
+    assert engine.state(c.op_id) == "waiting"           # an id works as well
+    held = engine.queue("states-held")
+    held.suspend()
+    d = held.submit(lambda: 3)
+    assert engine.state(d) == "ready"
+    assert engine.cancel(d)
+    assert engine.state(d) == "cancelled"
+    release.set()
+    q.wait(TIMEOUT)
+    assert seen == ["running"]                          # read inside its own body
+    assert [engine.state(f) for f in (a, b, c)] == ["succeeded"] * 3
+    e = q.submit(lambda: 1 / 0)
+    with pytest.raises(fetchq.OperationError):
+        e.result(TIMEOUT)
+    assert engine.state(e) == "failed"
+    with pytest.raises(fetchq.NotFound, match="history"):
+        engine.state(10**12)
+
+
+def test_state_of_a_forgotten_operation() -> None:
+    with fetchq.Engine(workers=1, history=1) as engine:
+        q = engine.queue("q")
+        first = q.submit(lambda: 1)
+        first.result(TIMEOUT)
+        assert engine.state(first) == "succeeded"
+        q.submit(lambda: 2).result(TIMEOUT)
+        with pytest.raises(fetchq.NotFound):
+            engine.state(first)
+    with pytest.raises(fetchq.ShutdownError):
+        engine.state(first)
+
+
 def test_unknown_ids(engine: fetchq.Engine) -> None:
     q = engine.queue("ids")
     with pytest.raises(fetchq.NotFound):
