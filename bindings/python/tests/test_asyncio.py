@@ -168,16 +168,22 @@ def test_aclose_does_not_wait_for_async_operations_nobody_finishes() -> None:
             loop.call_soon_threadsafe(poll)
 
         minding = q.submit_async(finish_when_cancelled)
-        block_ran = threading.Event()
+        block_started, block_ran = threading.Event(), threading.Event()
 
         def slow_block() -> int:
+            block_started.set()
             time.sleep(0.2)
             block_ran.set()
             return 1
 
         block = q.submit(slow_block)
-        while len(kept) < 1:
+        # Until the block runs too: closed before a worker took it up, it
+        # ends cancelled without running (the test failed so in 2 runs of 40).
+        for _ in range(2000):
+            if len(kept) >= 1 and block_started.is_set():
+                break
             await asyncio.sleep(0.005)
+        assert len(kept) == 1 and block_started.is_set()
         started = time.monotonic()
         await engine.aclose(timeout=20)
         took = time.monotonic() - started
