@@ -867,6 +867,20 @@ typedef enum fq_op_state {
  * bodies included. */
 int fq_state(fq_engine *engine, fq_op_id id);
 
+/* Waits until operation `id` has ended and its callback has returned (like
+ * NSOperation's waitUntilFinished, and also for the callback, so that what it
+ * stored can be read). timeout_ms < 0 waits forever. Returns FQ_OK (at once
+ * when both already happened), FQ_ERR_TIMEOUT, FQ_ERR_NOT_FOUND for an id
+ * that fq_state() does not know at the call (never given out, or ended
+ * longer ago than config "history" remembers), FQ_ERR_INVALID for a NULL
+ * engine, FQ_ERR_STATE from a callback or an operation body of the same
+ * engine (it could wait for itself). An operation of a suspended queue is
+ * waited for until it is resumed and has run, or the timeout. Callbacks run
+ * one at a time in the order operations ended, so the wait may also cover
+ * callbacks of operations that ended before this one. In poll mode it runs
+ * the callbacks on the calling thread while it waits, as fq_queue_wait(). */
+int fq_wait(fq_engine *engine, fq_op_id id, int timeout_ms);
+
 /* Cancels every unfinished operation whose "group" is `group`. Returns how
  * many were cancelled (>= 0) or a negative status. */
 int fq_cancel_group(fq_engine *engine, const char *group);

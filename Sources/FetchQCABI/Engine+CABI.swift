@@ -100,6 +100,17 @@ public func fq_state(_ handle: OpaquePointer?, _ id: fq_op_id) -> Int32 {
 }
 
 @c @implementation
+public func fq_wait(_ handle: OpaquePointer?, _ id: fq_op_id, _ timeoutMs: Int32) -> Int32 {
+    guard let e = engine(handle) else { return fail(nullHandle) }
+    do {
+        let status = try e.wait(for: id, timeoutMs: Int(timeoutMs))
+        return status == .ok ? status.rawValue : fail(status, "operation \(id) did not end within \(timeoutMs) ms")
+    } catch {
+        return fail(error)
+    }
+}
+
+@c @implementation
 public func fq_cancel_group(_ handle: OpaquePointer?, _ group: UnsafePointer<CChar>?) -> Int32 {
     guard let e = engine(handle), let group else { return fail(.invalid, "NULL engine or group") }
     do {

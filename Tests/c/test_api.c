@@ -118,6 +118,7 @@ TEST(null_handles_and_unknown_ids) {
     CHECK(fq_op_dependency_result(NULL, 1) == NULL);
     CHECK_EQ_INT(fq_cancel(NULL, 1), FQ_ERR_INVALID);
     CHECK_EQ_INT(fq_state(NULL, 1), FQ_ERR_INVALID);
+    CHECK_EQ_INT(fq_wait(NULL, 1, 0), FQ_ERR_INVALID);
     CHECK_EQ_INT(fq_cancel_group(NULL, "g"), FQ_ERR_INVALID);
     CHECK_EQ_INT(fq_cancel_all(NULL), FQ_ERR_INVALID);
     CHECK_EQ_INT(fq_set_priority(NULL, 1, 0), FQ_ERR_INVALID);

@@ -338,3 +338,129 @@ TEST(inline_mode_requests_and_free_with_pending) {
     free(n);
     fqt_server_stop(&s);
 }
+
+/* ------------------------------------------------------------------ */
+/* fq_wait: one operation's end and its callback                        */
+/* ------------------------------------------------------------------ */
+
+enum { WAIT_OPS = 240, WAIT_THREADS = 4 };
+
+/* Per operation: set by its callback as the callback's last step, after a
+ * pause for the first ones (so that a wait returning before the callback
+ * returned would see 0). */
+static struct {
+    atomic_int returned[WAIT_OPS];
+    fq_op_id ids[WAIT_OPS];
+    fq_engine *engine;
+    atomic_int early;    /* waits that returned before the callback did */
+    atomic_int waited;   /* waits that returned FQ_OK */
+    atomic_int state_rc; /* fq_wait from a callback */
+} wt;
+
+static json_t *wait_body(fq_op *op, void *userdata) {
+    (void)op;
+    if ((intptr_t)userdata % 7 == 0) fqt_sleep_ms(2); /* some take longer */
+    return NULL;
+}
+
+static void wait_done(const fq_result *res, void *userdata) {
+    intptr_t i = (intptr_t)userdata;
+    if (i < 8) fqt_sleep_ms(20);
+    if (i == 0) atomic_store(&wt.state_rc, fq_wait(wt.engine, fq_result_op_id(res), 0));
+    atomic_store(&wt.returned[i], 1);
+}
+
+/* Each thread waits for every WAIT_THREADS-th operation, newest first (most
+ * of them still queued or running when it starts). */
+static void *waiter_thread(void *arg) {
+    intptr_t t = (intptr_t)arg;
+    for (int i = WAIT_OPS - 1 - (int)t; i >= 0; i -= WAIT_THREADS) {
+        int rc = fq_wait(wt.engine, wt.ids[i], FQT_LONG_MS);
+        if (rc != FQ_OK) {
+            FAILF("fq_wait(op %d) = %d: %s", i, rc, fq_last_error());
+            continue;
+        }
+        atomic_fetch_add(&wt.waited, 1);
+        if (!atomic_load(&wt.returned[i])) atomic_fetch_add(&wt.early, 1);
+    }
+    return NULL;
+}
+
+/* In every delivery mode, with four threads waiting at once while the
+ * operations run (in poll mode the waits run the callbacks themselves). */
+static void waits_return_after_the_callback(const char *config) {
+    memset(&wt, 0, sizeof wt);
+    wt.engine = fqt_engine(config);
+    fq_queue *q = fqt_queue(wt.engine, "q", 2);
+    CHECK_OK(fq_queue_set_suspended(q, true));
+    for (intptr_t i = 0; i < WAIT_OPS; i++) {
+        wt.ids[i] = fq_submit_block(q, wait_body, NULL, wait_done, (void *)i);
+        REQUIRE(wt.ids[i] > 0);
+    }
+    pthread_t th[WAIT_THREADS];
+    for (intptr_t t = 0; t < WAIT_THREADS; t++) REQUIRE(pthread_create(&th[t], NULL, waiter_thread, (void *)t) == 0);
+    fqt_sleep_ms(20); /* the waits start while everything is queued */
+    CHECK_OK(fq_queue_set_suspended(q, false));
+    for (int t = 0; t < WAIT_THREADS; t++) pthread_join(th[t], NULL);
+    CHECK_EQ_INT(atomic_load(&wt.waited), WAIT_OPS);
+    CHECK_EQ_INT(atomic_load(&wt.early), 0);
+    CHECK_EQ_INT(atomic_load(&wt.state_rc), FQ_ERR_STATE);
+    /* Ended and delivered: at once. */
+    long long t0 = fqt_now_ms();
+    CHECK_OK(fq_wait(wt.engine, wt.ids[WAIT_OPS - 1], 0));
+    CHECK(fqt_now_ms() - t0 < 1000);
+    fq_queue_free(q);
+    fqt_engine_free(wt.engine);
+}
+
+TEST(fq_wait_returns_after_the_callback_thread_mode) { waits_return_after_the_callback(NULL); }
+TEST(fq_wait_returns_after_the_callback_inline_mode) { waits_return_after_the_callback("{\"delivery\": \"inline\"}"); }
+TEST(fq_wait_returns_after_the_callback_poll_mode) { waits_return_after_the_callback("{\"delivery\": \"poll\"}"); }
+
+static json_t *wait_in_body(fq_op *op, void *userdata) {
+    rec *r = userdata;
+    atomic_fetch_add(&r->body_runs, 1);
+    r->tag = fq_wait(r->user, fq_op_get_id(op), 0);
+    return NULL;
+}
+
+TEST(fq_wait_timeouts_and_errors) {
+    fq_engine *e = fqt_engine("{\"history\": 2}");
+    fq_queue *q = fqt_queue(e, "q", 1);
+    rec a = {0}, s = {0}, b = {0};
+    fq_op_id ida = fqt_async(q, body_async_capture, NULL, rec_done, &a);
+    REQUIRE(ida > 0);
+    REQUIRE(WAIT_UNTIL(atomic_load(&a.op) != NULL, FQT_LONG_MS));
+    /* Running: times out, with a message naming it. */
+    CHECK_EQ_INT(fq_wait(e, ida, 50), FQ_ERR_TIMEOUT);
+    CHECK(fqt_names_id(fq_last_error(), ida));
+    CHECK_EQ_INT(atomic_load(&a.calls), 0);
+    CHECK_OK(fqt_finish_in_thread(atomic_load(&a.op), NULL, NULL));
+    CHECK_OK(fq_wait(e, ida, FQT_LONG_MS));
+    CHECK_EQ_INT(atomic_load(&a.calls), 1);
+    /* A suspended queue's operation: waited for until the timeout. */
+    fq_queue *held = fqt_queue(e, "held", 1);
+    CHECK_OK(fq_queue_set_suspended(held, true));
+    fq_op_id ids = fqt_block(held, body_tag, NULL, rec_done, &s);
+    REQUIRE(ids > 0);
+    CHECK_EQ_INT(fq_wait(e, ids, 30), FQ_ERR_TIMEOUT);
+    CHECK_OK(fq_queue_set_suspended(held, false));
+    CHECK_OK(fq_wait(e, ids, FQT_LONG_MS));
+    CHECK_EQ_INT(atomic_load(&s.calls), 1);
+    /* From its own body: FQ_ERR_STATE. */
+    b.user = e;
+    fq_op_id idb = fqt_block(q, wait_in_body, NULL, rec_done, &b);
+    REQUIRE(idb > 0);
+    CHECK_OK(fq_wait(e, idb, FQT_LONG_MS));
+    CHECK_EQ_INT(b.tag, FQ_ERR_STATE);
+    /* history 2: a, s, b ended; a is forgotten. */
+    CHECK_EQ_INT(fq_wait(e, ida, 0), FQ_ERR_NOT_FOUND);
+    CHECK_EQ_INT(fq_wait(e, 987654321, 0), FQ_ERR_NOT_FOUND);
+    CHECK_EQ_INT(fq_wait(NULL, ida, 0), FQ_ERR_INVALID);
+    rec_clear(&a);
+    rec_clear(&s);
+    rec_clear(&b);
+    fq_queue_free(held);
+    fq_queue_free(q);
+    fqt_engine_free(e);
+}

@@ -111,8 +111,8 @@ public final class Engine: @unchecked Sendable {
             rateLimits: config.rateLimits.mapValues { .init(perSecond: $0.perSecond, burst: $0.burst) },
             isLight: { $0.isLight },
             historyForm: { $0.historyForm ?? $0 }), gate: gate)
-        delivery = try Delivery(mode: config.delivery) { [outstanding] queues in
-            outstanding.done(queues)  // without the engine lock
+        delivery = try Delivery(mode: config.delivery) { [outstanding] queues, items in
+            outstanding.done(queues, items: items)  // without the engine lock
         }
         workers = WorkerPool(count: config.workers)
         let owner = selfPointer
@@ -497,7 +497,7 @@ public final class Engine: @unchecked Sendable {
         let released = machine.takeReleased()
         if !released.isEmpty { work.append(.release(released)) }
         if !pendingPosts.isEmpty {
-            if let inline, delivery.claimInline() {
+            if let inline, delivery.claimInline(count: pendingPosts.count) {
                 swap(&inline.pointee, &pendingPosts)
                 return
             }
@@ -935,23 +935,10 @@ public final class Engine: @unchecked Sendable {
         guard !onOwnThread else { return .state }
         let until = deadline(afterMs: timeoutMs)
         if delivery.mode == .poll {
-            while true {
-                // Not behind another thread's callbacks, which could outlast
-                // the timeout: it runs what waits, this thread looks again.
-                let ran = delivery.dispatch(max: 0, waitForOthers: false)
+            return pollUntil(until) {
                 bookInbox()
-                if outstanding.count(queue) == 0 { return .ok }
-                let now = monotonicNanos()
-                if let until, now >= until { return .timeout }
-                let sliceMs = until.map { Int(min(($0 - now) / 1_000_000 + 1, 100)) } ?? 100
-                if ran == nil {
-                    // The event fd stays readable while the other thread runs them.
-                    usleep(1000)
-                    continue
-                }
-                var fd = pollfd(fd: delivery.eventFD, events: Int16(POLLIN), revents: 0)
-                _ = poll(&fd, 1, Int32(sliceMs))
-            }
+                return outstanding.count(queue) == 0
+            } ?? .ok
         }
         bookInbox()
         while true {
@@ -962,6 +949,59 @@ public final class Engine: @unchecked Sendable {
             // booking, or books it.
             bookInbox()
             if outstanding.count(queue) == 0 { return .ok }
+        }
+    }
+
+    /// Waits until operation `id` has ended and its callback returned
+    /// (`fq_wait`). Callbacks run in the order their items were queued, and
+    /// an operation's completion is queued under the engine lock when it
+    /// ends: so once the lock shows it ended, its callback has returned when
+    /// the delivered items reach what was queued then. While it has not
+    /// ended, each delivered batch (its own included) makes the wait look
+    /// again. In poll mode, runs callbacks meanwhile.
+    public func wait(for id: OpID, timeoutMs: Int) throws(FetchQError) -> FQStatus {
+        guard !onOwnThread else {
+            throw FetchQError(.state, "fq_wait cannot be called from a callback or an operation body of its engine")
+        }
+        let until = deadline(afterMs: timeoutMs)
+        while true {
+            lockEngine()
+            let state = machine.reportedState(of: id)
+            let queued = delivery.posted
+            let seen = outstanding.delivered
+            unlockEngine()
+            guard let state else {
+                throw FetchQError(.notFound, "no operation \(id) (never submitted, or no longer in the engine's history)")
+            }
+            let ended = state.rawValue >= OperationState.succeeded.rawValue
+            if delivery.mode == .poll {
+                if let status = pollUntil(until, { ended ? self.outstanding.delivered >= queued : self.outstanding.delivered > seen }) {
+                    return status
+                }
+            } else if !outstanding.waitForDelivered(ended ? queued : seen, atLeast: ended, until: until) {
+                return .timeout
+            }
+            if ended { return .ok }
+        }
+    }
+
+    /// Poll mode: runs waiting callbacks on this thread until `done()` holds
+    /// (nil) or `until` passed (`.timeout`). Not behind another thread's
+    /// callbacks, which could outlast the timeout: that thread runs what
+    /// waits, this one looks again.
+    private func pollUntil(_ until: UInt64?, _ done: () -> Bool) -> FQStatus? {
+        while true {
+            let ran = delivery.dispatch(max: 0, waitForOthers: false)
+            if done() { return nil }
+            let now = monotonicNanos()
+            if let until, now >= until { return .timeout }
+            let sliceMs = until.map { Int(min(($0 - now) / 1_000_000 + 1, 100)) } ?? 100
+            if ran == nil {
+                usleep(1000)  // the event fd stays readable while the other thread runs them
+                continue
+            }
+            var fd = pollfd(fd: delivery.eventFD, events: Int16(POLLIN), revents: 0)
+            _ = poll(&fd, 1, Int32(sliceMs))
         }
     }
 

@@ -12,6 +12,10 @@ final class Outstanding: @unchecked Sendable {
     private let lock = ConditionLock()
     private var counts = QueueCounts()
     private var total = 0
+    /// Delivery items (callbacks and events) that have run: see `Delivery`.
+    private var deliveredItems: UInt64 = 0
+    /// Threads in `waitForDelivered`: each batch wakes them.
+    private var itemWaiters = 0
 
     /// `n` more operations of `queue` await their callbacks.
     func add(_ queue: QueueID, _ n: Int = 1) {
@@ -21,10 +25,12 @@ final class Outstanding: @unchecked Sendable {
         lock.unlock()
     }
 
-    /// The callbacks of these operations (one entry each) returned.
-    func done(_ queues: [QueueID]) {
+    /// The callbacks of these operations (one entry each) returned, in a
+    /// batch of `items` delivery items.
+    func done(_ queues: [QueueID], items: Int) {
         lock.lock()
-        var wake = false
+        deliveredItems &+= UInt64(items)
+        var wake = itemWaiters > 0
         for queue in queues {
             counts[queue] -= 1
             if counts[queue] == 0 { wake = true }
@@ -33,6 +39,23 @@ final class Outstanding: @unchecked Sendable {
         if total == 0 { wake = true }
         lock.unlock()
         if wake { lock.broadcast() }
+    }
+
+    /// Delivery items that have run so far.
+    var delivered: UInt64 { lock.withLock { deliveredItems } }
+
+    /// Waits until more than `count` delivery items have run (`atLeast`
+    /// false) or at least `count` (`atLeast` true); false when `until`
+    /// (monotonic nanoseconds; nil: no limit) passed first.
+    func waitForDelivered(_ count: UInt64, atLeast: Bool, until: UInt64?) -> Bool {
+        lock.lock()
+        defer { lock.unlock() }
+        itemWaiters += 1
+        defer { itemWaiters -= 1 }
+        while atLeast ? deliveredItems < count : deliveredItems <= count {
+            if !lock.wait(until: until) && (atLeast ? deliveredItems < count : deliveredItems <= count) { return false }
+        }
+        return true
     }
 
     /// How many of `queue`'s (nil: of all queues) await their callbacks.

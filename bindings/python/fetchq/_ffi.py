@@ -237,6 +237,7 @@ FUNCTIONS: List[_Decl] = [
     # Controlling operations
     ("fq_cancel", c_int, [EngineP, c_int64], None),  # raw: Future.cancel() reads the status
     ("fq_state", c_int, [EngineP, c_int64], None),  # raw: > 0 is the state
+    ("fq_wait", c_int, [EngineP, c_int64, c_int], _check_status),  # not used: futures wait
     ("fq_cancel_group", c_int, [EngineP, c_char_p], _check_status),
     ("fq_cancel_all", c_int, [EngineP], _check_status),
     ("fq_set_priority", c_int, [EngineP, c_int64, c_int], _check_status),
