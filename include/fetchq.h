@@ -608,7 +608,9 @@ fq_op_id fq_submit_async(fq_queue *queue, fq_async_fn fn, const json_t *options,
  * Redirects (up to "max_redirects") keep the method and body on 301, 302,
  * 307 and 308, except that a POST becomes a GET without its body on 301 and
  * 302; a 303 makes any method but HEAD a GET without its body (RFC 9110
- * §15.4). Authorization and Cookie headers are not sent to another scheme,
+ * §15.4). A request made a GET so is sent without its Content-* headers
+ * (Content-Type included). A progress event counts the final response's
+ * body only, never that of a redirect that was followed. Authorization and Cookie headers are not sent to another scheme,
  * host or port; a redirect to a URL that is not http or https fails with
  * FQ_ERR_NETWORK. A redirect from https to http is followed, as browsers
  * and curl do: the other headers and a kept body then travel unencrypted
@@ -636,7 +638,10 @@ fq_op_id fq_submit_async(fq_queue *queue, fq_async_fn fn, const json_t *options,
  *   "headers"  an object of strings; a name that is not a token, a value
  *              with a control character other than HTAB, or Content-Length
  *              or Transfer-Encoding (fetchq frames the body) is
- *              FQ_ERR_INVALID. The URL and headers together hold at most
+ *              FQ_ERR_INVALID. A value "" (or only spaces and tabs) is
+ *              sent as an empty field ("X-Empty:"), and replaces a header
+ *              fetchq would send (Accept, User-Agent, Content-Type). The
+ *              URL and headers together hold at most
  *              1000000 bytes (libcurl's limit on a request head)
  *   "query"    an object of strings/numbers/booleans, URL-encoded (RFC 3986)
  *              and appended to the URL
@@ -774,7 +779,7 @@ fq_event_type fq_event_get_type(const fq_event *event);
 /* FQ_EVENT_PROGRESS: bytes received so far and expected in all (0 when the
  * server did not say). Either pointer may be NULL. Events are throttled by
  * "progress_interval_ms"; a successful transfer's last event always has
- * received == the body's size. */
+ * received == the body's size (an empty body has that one event, 0 and 0). */
 int fq_event_progress(const fq_event *event, uint64_t *received, uint64_t *expected);
 /* FQ_EVENT_CHILD: fq_event_op_id() is the parent's id; this is the child's
  * result (its own id, outcome, status, value {"query","items","count"} or
@@ -1020,8 +1025,9 @@ const unsigned char *fq_result_marshal(const fq_result *result, size_t *len);
  * arrived); zeros for what never started. With retries, the times and sizes
  * are the last attempt's and "attempts" counts them all. An operation that
  * shared another's transfer ("coalesce") reports that transfer's timings and
- * sizes ("queue_wait_ms" included: the first caller's), not its own wait and
- * lifetime. NULL for a network
+ * sizes, not its own lifetime; its "queue_wait_ms" is its own wait, from its
+ * submit until that transfer started (0 when it joined one already
+ * running). NULL for a network
  * operation that ended before a transfer's result (cancelled in its queue or
  * while it waited for a retry, or failed at start). */
 json_t *fq_result_metrics(const fq_result *result);

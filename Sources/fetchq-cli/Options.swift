@@ -28,7 +28,7 @@ struct CommonOptions: ParsableArguments {
                                valueName: "n"))
     var retry: Int?
 
-    @Option(help: ArgumentHelp("Cache mode passed to the engine as option \"cache\": default, reload, only-if-cached, stale-while-revalidate.",
+    @Option(help: ArgumentHelp("Cache mode passed to the engine as option \"cache\": default, reload, stale-while-revalidate (the cache is in memory for one run).",
                                valueName: "mode"))
     var cache: String?
 
@@ -45,6 +45,11 @@ struct CommonOptions: ParsableArguments {
             guard timeout.isFinite, timeout >= 0, timeout <= 86_400 else {
                 throw ValidationError("--timeout must be between 0 and 86400 seconds, got \(timeout)")
             }
+        }
+        if cache == "only-if-cached" {
+            // Every operation of a run has the one mode, and the cache lives
+            // for the run: nothing could ever have stored what it asks for.
+            throw ValidationError("--cache only-if-cached would never answer: the CLI's cache is in memory for one run, and with this mode no request of the run stores anything in it")
         }
     }
 

@@ -52,6 +52,19 @@ struct TransportRequestTests {
         }
     }
 
+    @Test("a value of only spaces or tabs is sent empty, and still replaces a header curl would send")
+    func blankHeaderValues() throws {
+        let response = try transport.perform(HTTPRequest(
+            method: "POST", url: server.url("/echo"),
+            headers: [(name: "X-Blank", value: " \t "), (name: "Accept", value: "  "),
+                      (name: "User-Agent", value: "\t"), (name: "Content-Type", value: " ")],
+            body: Array("x".utf8))).get()
+        let headers = try #require(TestJSON(parsing: response.body)?["headers"])
+        for name in ["x-blank", "accept", "user-agent", "content-type"] {
+            #expect(headers[name]?.string == "", "\(name)")
+        }
+    }
+
     @Test("an explicit Content-Type is sent; an empty body is Content-Length: 0")
     func contentTypeAndEmptyBody() throws {
         let withType = try transport.perform(HTTPRequest(
@@ -188,8 +201,8 @@ struct TransportRequestTests {
         #expect(echo["body"]?.string == "payload")
     }
 
-    @Test("PUT, PATCH and DELETE keep their method and body through 301, 302, 307 and 308; 303 makes a GET",
-          arguments: ["PUT", "PATCH", "DELETE"], [301, 302, 303, 307, 308])
+    @Test("PUT, PATCH and DELETE keep their method and body through 301, 302, 307 and 308; 303 makes a GET without the body and its Content-* headers, and so do 301 and 302 for a POST",
+          arguments: ["PUT", "PATCH", "DELETE", "POST"], [301, 302, 303, 307, 308])
     func customMethodRedirects(method: String, status: Int) throws {
         let body = Array("important data".utf8)
         let response = try transport.perform(HTTPRequest(
@@ -202,7 +215,7 @@ struct TransportRequestTests {
         let echo = try #require(TestJSON(parsing: response.body))
         let headers = try #require(echo["headers"])
         #expect(headers["x-kept"]?.string == "1")
-        if status == 303 {
+        if status == 303 || (method == "POST" && status <= 302) {
             #expect(echo["method"]?.string == "GET")
             #expect(echo["body"]?.string == "")
             #expect(headers["content-type"] == nil)
@@ -228,6 +241,7 @@ struct TransportRequestTests {
             method: "PUT", url: server.url("/redirect?n=2"), body: body, maxRedirects: 1)).error)
         #expect(over.kind == .tooManyRedirects)
         #expect(over.message.contains("Maximum (1) redirects followed"), "\(over.message)")
+        #expect(over.metrics?.redirects == 1)  // what was followed before it failed
         let loop = try #require(transport.perform(HTTPRequest(
             method: "DELETE", url: server.url("/redirect-loop"))).error)
         #expect(loop.kind == .tooManyRedirects)
@@ -242,6 +256,10 @@ struct TransportRequestTests {
             method: "PUT", url: server.url("/redirect-to?url=\(URLUtilities.percentEncode(inner))&status=303"),
             body: body, maxRedirects: 2)).error)
         #expect(chainedOver.kind == .tooManyRedirects)
+        // The request's limit, not what was left of it when curl took over.
+        #expect(chainedOver.message.hasPrefix("Maximum (2) redirects followed (curl error 47) after 2 redirects"),
+                "\(chainedOver.message)")
+        #expect(chainedOver.metrics?.redirects == 2)
         // Credentials stay on their host.
         let credentials = [(name: "Authorization", value: "Bearer secret"), (name: "Cookie", value: "s=1")]
         let same = try transport.perform(HTTPRequest(

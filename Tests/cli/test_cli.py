@@ -341,6 +341,12 @@ def test_cache_option_is_passed_through(cli, server):
         assert lines(r.stdout)[0]["json"]["key"] == "cli-cache"
     else:
         assert r.returncode == 2 and b'unknown key "cache"' in r.stderr
+    # only-if-cached could never answer within one run: a usage error, and
+    # nothing is sent.
+    r = run(cli, "get", "--cache", "only-if-cached", server + "/cache?key=cli-cache",
+            server + "/cache?key=cli-cache")
+    assert r.returncode == 2 and b"only-if-cached would never answer" in r.stderr and r.stdout == b""
+    assert stats(server)["requests"] == 1
 
 
 # ---------------------------------------------------------------- usage errors

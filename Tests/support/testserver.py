@@ -804,7 +804,10 @@ class Routes:
         if any(c in url for c in "\r\n"):
             raise HttpError(400, "bad url")
         status = qint(req.query, "status", 302, 300, 399)
-        return jresp({"redirect": url}, status, [("Location", url)])
+        # pad=N: N more bytes in the redirect's own body (which a client
+        # that follows it reads and drops).
+        pad = qint(req.query, "pad", 0, 0, MAX_GEN)
+        return jresp({"redirect": url, "pad": "x" * pad}, status, [("Location", url)])
 
     # -- retries and caching ---------------------------------------------------------
 

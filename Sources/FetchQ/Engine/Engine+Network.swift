@@ -309,15 +309,17 @@ extension Engine {
             lock.unlock()
         }
         // Throttling may have skipped the last progress: report the total
-        // (with the size the server announced, 0 if it did not).
+        // (with the size the server announced, 0 if it did not). An empty
+        // body had none: it gets this one.
         if job.progressIntervalMs != nil, !fromCache, case .success(let response) = outcome {
             let total = UInt64(response.body.count)
             let (handler, last, ids) = lock.withLock {
                 (eventHandler, op.lastProgress, progressTargets(op))
             }
-            if let handler, last.0 < total {
+            if let handler, last.map({ $0.0 != total }) ?? true {
                 for id in ids {
-                    delivery.post(.event(OperationEvent(id: id, kind: .progress, received: total, expected: last.1), handler))
+                    delivery.post(.event(OperationEvent(id: id, kind: .progress, received: total,
+                                                        expected: last?.1 ?? total), handler))
                 }
             }
         }

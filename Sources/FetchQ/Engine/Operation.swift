@@ -104,9 +104,10 @@ public final class Operation: @unchecked Sendable {
         get { net?.attempts ?? 0 }
         set { net?.attempts = newValue }
     }
-    /// The last progress reported (received, expected), guarded by the engine's lock.
-    var lastProgress: (UInt64, UInt64) {
-        get { net?.lastProgress ?? (0, 0) }
+    /// The last progress reported (received, expected), nil before the
+    /// first; guarded by the engine's lock.
+    var lastProgress: (UInt64, UInt64)? {
+        get { net?.lastProgress }
         set { net?.lastProgress = newValue }
     }
     /// See `NetworkState.askingAgain` (guarded by the engine's lock).
@@ -214,7 +215,7 @@ final class NetworkState {
     var transfer: TransferID? = nil
     var transport: CurlTransport? = nil
     var attempts = 0
-    var lastProgress: (UInt64, UInt64) = (0, 0)
+    var lastProgress: (UInt64, UInt64)? = nil
     var shared: SharedTransfer?
     var carries: SharedTransfer?
     var leads: SharedTransfer?

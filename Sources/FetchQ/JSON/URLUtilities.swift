@@ -249,8 +249,10 @@ public enum URLUtilities {
         }
         var authority = bytes[start..<end]
         if let at = authority.lastIndex(of: UInt8(ascii: "@")) {
+            // (Bytes that are not ASCII are percent-encoded before sending,
+            // as in the rest of the URL.)
             let userinfo = authority[..<at]
-            guard userinfo.allSatisfy({ isUnreserved($0) || isSubDelim($0) || $0 == 0x3A || $0 == 0x25 })
+            guard userinfo.allSatisfy({ isUnreserved($0) || isSubDelim($0) || $0 == 0x3A || $0 == 0x25 || $0 >= 0x80 })
             else { return nil }
             authority = authority[(at + 1)...]
         }

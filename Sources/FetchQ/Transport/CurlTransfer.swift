@@ -59,6 +59,12 @@ final class CurlTransfer: @unchecked Sendable {
     /// The prereq callback stopped curl from sending a request again.
     private var refusedResend = false
     private var lastProgressReceived: UInt64?
+    /// The current response is a redirect that will be followed (its
+    /// status says so, and it has a Location): its body is not the
+    /// response's, so it is not reported as progress.
+    private var bodyIsARedirects = false
+    /// The current response's status is one a redirect is followed on.
+    private var statusRedirects = false
 
     // Redirects this transfer follows itself (`followsItself`).
     private var hops = 0
@@ -283,7 +289,9 @@ final class CurlTransfer: @unchecked Sendable {
         }
 
         // Headers. "Name:" would make curl remove the header, so an empty value
-        // uses curl's "Name;" form.
+        // uses curl's "Name;" form; so does one of only spaces and tabs, which
+        // curl read as "Name:" (RFC 9110 §5.5: whitespace around a field
+        // value is not part of it).
         // Appended at the tail: curl_slist_append walks the list it is given
         // to its end, so a request with n headers took n²/2 steps.
         var list: UnsafeMutablePointer<curl_slist>?
@@ -301,7 +309,7 @@ final class CurlTransfer: @unchecked Sendable {
         for (name, value) in r.headers {
             if TransportText.equalsIgnoringASCIICase(name, "Content-Type") { hasContentType = true }
             if TransportText.equalsIgnoringASCIICase(name, "Expect") { hasExpect = true }
-            add(value.isEmpty ? "\(name);" : "\(name): \(value)")
+            add(value.utf8.allSatisfy { $0 == 0x20 || $0 == 0x09 } ? "\(name);" : "\(name): \(value)")
         }
         if sendsBody && !hasContentType { add("Content-Type:") }  // drop curl's form-urlencoded default
         if sendsBody && !hasExpect { add("Expect:") }  // no 100-continue round trip unless asked
@@ -348,6 +356,9 @@ final class CurlTransfer: @unchecked Sendable {
         var line = UnsafeRawBufferPointer(start: data, count: count)[...]
         while let last = line.last, last == 0x0A || last == 0x0D { line = line.dropLast() }
         if line.isEmpty {
+            if !headerSectionEnded && statusRedirects && request.followRedirects {
+                bodyIsARedirects = headers.contains { TransportText.equalsIgnoringASCIICase($0.name, "location") }
+            }
             headerSectionEnded = true
             return count
         }
@@ -367,6 +378,11 @@ final class CurlTransfer: @unchecked Sendable {
             reserved = false
             headerSectionEnded = false
             declaredLength = -1
+            // Progress counts this response's body from 0 (curl's counts
+            // start again with each request).
+            lastProgressReceived = nil
+            statusRedirects = Self.isRedirectStatus(line)
+            bodyIsARedirects = false
             return count
         }
         // RFC 9110 §6.5.1: trailer fields are not merged into the header
@@ -481,6 +497,15 @@ final class CurlTransfer: @unchecked Sendable {
     }
 
     /// Whether a status line's code is 101.
+    /// A status line with 301, 302, 303, 307 or 308 (those followed).
+    private static func isRedirectStatus(_ line: Slice<UnsafeRawBufferPointer>) -> Bool {
+        guard let space = line.firstIndex(of: 0x20) else { return false }
+        let code = Array(line[(space + 1)...].prefix(4))
+        guard code.count == 3 || (code.count == 4 && code[3] == 0x20), code[0] == UInt8(ascii: "3"),
+              code[1] == UInt8(ascii: "0") else { return false }
+        return [UInt8(ascii: "1"), UInt8(ascii: "2"), UInt8(ascii: "3"), UInt8(ascii: "7"), UInt8(ascii: "8")].contains(code[2])
+    }
+
     private static func isSwitchingProtocols(_ line: Slice<UnsafeRawBufferPointer>) -> Bool {
         guard let space = line.firstIndex(of: 0x20) else { return false }
         let code = line[(space + 1)...].prefix(4)
@@ -532,7 +557,7 @@ final class CurlTransfer: @unchecked Sendable {
     }
 
     fileprivate func reportProgress(total: curl_off_t, now: curl_off_t) {
-        guard let progress, now > 0 else { return }
+        guard let progress, now > 0, !bodyIsARedirects else { return }
         let received = UInt64(now)
         if let last = lastProgressReceived, received <= last { return }
         let clock = Self.monotonicNs()
@@ -594,9 +619,13 @@ final class CurlTransfer: @unchecked Sendable {
             var message = "\(text) (curl error \(code.rawValue))"
             if redirects > 0 {
                 var at: UnsafePointer<CChar>?
-                let place = fqc_easy_getinfo_string(easy, CURLINFO_EFFECTIVE_URL, &at) == CURLE_OK && at != nil
-                    ? ", at \(Self.redacted(String(cString: at!)))" : ""
-                message += " after \(redirects) redirect\(redirects == 1 ? "" : "s")\(place)"
+                let url = fqc_easy_getinfo_string(easy, CURLINFO_EFFECTIVE_URL, &at) == CURLE_OK && at != nil
+                    ? Self.redacted(String(cString: at!)) : nil
+                if code == CURLE_TOO_MANY_REDIRECTS && hops > 0, let url {
+                    message = Self.tooManyRedirects(request.maxRedirects, after: redirects, at: url)
+                } else {
+                    message += " after \(redirects) redirect\(redirects == 1 ? "" : "s")\(url.map { ", at \($0)" } ?? "")"
+                }
             }
             var error = TransportError(kind: kind, message: message, curlCode: Int(code.rawValue))
             error.metrics = metrics(easy, redirects: redirects)
@@ -657,10 +686,13 @@ final class CurlTransfer: @unchecked Sendable {
     /// RFC 9110 §15.4.4 says GET, and sends it without its body after a 301
     /// or 302, where §15.4.2-3 keep both (only POST may become GET there).
     /// (curl 8.13's CURLFOLLOW_OBEYCODE would do this; Debian 12 has 7.88.)
+    /// A POST too: curl makes it a GET on 301, 302 and 303 but keeps its
+    /// Content-Type and the caller's other Content-* headers, which §15.4
+    /// says to remove with the body.
     private var followsItself: Bool {
         guard request.followRedirects else { return false }
         switch request.method {
-        case "HEAD", "POST": return false
+        case "HEAD": return false
         case "GET": return request.body != nil
         default: return true
         }
@@ -677,7 +709,9 @@ final class CurlTransfer: @unchecked Sendable {
     /// fails trying; nil when the response is the result.
     ///
     /// The next hop: 303 becomes a GET without the body and its Content-*
-    /// headers; 301, 302, 307 and 308 keep the method and the body. As curl
+    /// headers, and so does a POST on 301 and 302 (as curl and browsers
+    /// make it); otherwise 301, 302, 307 and 308 keep the method and the
+    /// body. As curl
     /// does for the hops it follows, Authorization and Cookie headers are
     /// not sent to another scheme, host or port; `maxRedirects`, `timeoutMs`
     /// and the http/https restriction count across all hops.
@@ -709,30 +743,28 @@ final class CurlTransfer: @unchecked Sendable {
         guard fqc_easy_getinfo_string(easy, CURLINFO_REDIRECT_URL, &at) == CURLE_OK, let at else { return nil }
         let target = String(cString: at)
         let place = Self.redacted(request.url)
+        // A failure here reports what was measured, as curl's do
+        // (fq_result_metrics: the redirects followed before it).
+        func fail(_ kind: TransportError.Kind, _ message: String, curlCode: Int = 0) -> Hop {
+            var error = TransportError(kind: kind, message: message, curlCode: curlCode)
+            error.metrics = metrics(easy, redirects: hops)
+            return .fail(error)
+        }
         guard hops < request.maxRedirects else {
-            return .fail(TransportError(
-                kind: .tooManyRedirects,
-                message: "Maximum (\(request.maxRedirects)) redirects followed (curl error 47) after \(hops) redirect\(hops == 1 ? "" : "s"), at \(place)",
-                curlCode: 47))
+            return fail(.tooManyRedirects, Self.tooManyRedirects(request.maxRedirects, after: hops, at: place), curlCode: 47)
         }
         if target.utf8.contains(where: { $0 < 0x20 || $0 == 0x7F }) {
             // (libcurl: "could not be parsed" for GET and POST)
-            return .fail(TransportError(
-                kind: .network,
-                message: "\(place) redirects (\(status)) to a Location with a control character: "
-                    + Self.escapingControls(Self.redacted(target))))
+            return fail(.network, "\(place) redirects (\(status)) to a Location with a control character: "
+                + Self.escapingControls(Self.redacted(target)))
         }
         guard URLUtilities.hostOf(url: target) != nil else {
-            return .fail(TransportError(
-                kind: .network,
-                message: "\(place) redirects (\(status)) to \(Self.redacted(target)), not an http or https URL with a host"))
+            return fail(.network, "\(place) redirects (\(status)) to \(Self.redacted(target)), not an http or https URL with a host")
         }
         let spent = spentMs()
         if request.timeoutMs > 0 && spent >= request.timeoutMs {
-            return .fail(TransportError(
-                kind: .timeout,
-                message: "Operation timed out after \(spent) milliseconds, following a redirect (\(status)) at \(place)",
-                curlCode: 28))
+            return fail(.timeout, "Operation timed out after \(spent) milliseconds, following a redirect (\(status)) at \(place)",
+                        curlCode: 28)
         }
         if hops == 0 {
             firstOrigin = Self.origin(of: request.url)
@@ -749,7 +781,7 @@ final class CurlTransfer: @unchecked Sendable {
         } else {
             next.url = target
         }
-        if status == 303 {
+        if status == 303 || (request.method == "POST" && (status == 301 || status == 302)) {
             next.method = "GET"
             next.body = nil
             next.headers.removeAll { TransportText.hasPrefixIgnoringASCIICase($0.name, "content-") }
@@ -765,6 +797,13 @@ final class CurlTransfer: @unchecked Sendable {
         request = next
         resetResponse()
         return .follow
+    }
+
+    /// The message of a transfer stopped at `max_redirects` (curl's words,
+    /// with the limit the request set: after hops followed here, curl's own
+    /// message would name only what was left of it).
+    static func tooManyRedirects(_ limit: Int, after redirects: Int, at place: String) -> String {
+        "Maximum (\(limit)) redirects followed (curl error 47) after \(redirects) redirect\(redirects == 1 ? "" : "s"), at \(place)"
     }
 
     /// Milliseconds since the first request of this transfer was configured.

@@ -895,7 +895,7 @@ def encode_str(value: str, what: str) -> bytes:
         raise TypeError("%s must be a str, not %s" % (what, type(value).__name__))
     data = value.encode("utf-8")
     if b"\0" in data:
-        raise ValueError("%s must not contain NUL characters" % what)
+        raise InvalidArgument("%s must not contain NUL characters" % what)
     return data
 
 

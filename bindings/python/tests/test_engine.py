@@ -450,3 +450,13 @@ def test_queue_timeout(engine: fetchq.Engine) -> None:
     with pytest.raises(fetchq.QueueTimeout):
         f.result(timeout=TIMEOUT)
     assert isinstance(f.exception(), fetchq.Timeout)
+
+
+def test_nul_in_a_string_is_invalid_argument(engine: fetchq.Engine) -> None:
+    # (Also a ValueError, as it was before it was an InvalidArgument.)
+    q = engine.queue("nul")
+    for call in (lambda: q.search("a\0b"), lambda: q.search_all(["ok", "a\0b"]),
+                 lambda: engine.cancel_group("g\0")):
+        with pytest.raises(fetchq.InvalidArgument, match="must not contain NUL characters"):
+            call()
+    assert engine.pending_count == 0

@@ -403,6 +403,38 @@ def test_progress_unknown_length_is_none(net_engine: fetchq.Engine, server: Serv
     assert all(e[1] is None for e in events)
 
 
+@pytest.mark.parametrize("method", ["GET", "POST", "PUT"])
+def test_progress_after_a_redirect_counts_the_final_body_only(net_engine: fetchq.Engine, server: Server,
+                                                              method: str) -> None:
+    # (GET is followed by libcurl, POST and PUT by fetchq itself.)
+    events: List[Tuple[int, Any]] = []
+    url = server.url("/redirect-to?url=%2Fbytes%3Fn%3D10&status=307&pad=300000")
+    r = net_engine.queue("p").request(method, url, data=None if method == "GET" else "x",
+                                      progress=lambda a, b: events.append((a, b)),
+                                      progress_interval_ms=0).result(timeout=TIMEOUT)
+    assert len(r.body) == 10 and r.metrics["redirects"] == 1
+    assert events and events[-1] == (10, 10)
+    assert all(a <= 10 for a, _ in events)   # none from the redirect's own 300 KB
+
+
+@pytest.mark.parametrize("path", ["/empty", "/204"])
+def test_progress_of_an_empty_body_ends_with_one_event(net_engine: fetchq.Engine, server: Server,
+                                                       path: str) -> None:
+    events: List[Tuple[int, Any]] = []
+    r = net_engine.queue("p").get(server.url(path), progress=lambda a, b: events.append((a, b))
+                                  ).result(timeout=TIMEOUT)
+    assert r.body == b"" and r.status in (200, 204)
+    assert events == [(0, None)]
+
+
+def test_userinfo_that_is_not_ascii_is_percent_encoded(net_engine: fetchq.Engine, server: Server) -> None:
+    import base64
+    url = server.url("/echo").replace("http://", "http://us\u00e9r:p\u00fc@")
+    r = net_engine.queue("p").get(url).result(timeout=TIMEOUT)
+    sent = r.json()["headers"]["authorization"]
+    assert sent == "Basic " + base64.b64encode("us\u00e9r:p\u00fc".encode()).decode()
+
+
 def test_progress_must_be_callable(net_engine: fetchq.Engine, server: Server) -> None:
     with pytest.raises(TypeError):
         net_engine.queue("p").get(server.url("/json"), progress=True)  # type: ignore[arg-type]
