@@ -534,7 +534,10 @@ fq_op_id fq_submit_async(fq_queue *queue, fq_async_fn fn, const json_t *options,
  *                [0.5, 1]; a Retry-After header (seconds or HTTP-date) is used
  *                instead when present (capped at max_delay). Only idempotent
  *                methods (GET, HEAD, OPTIONS, TRACE, PUT, DELETE) are retried
- *                unless "any_method" is true. Waiting for a retry holds no
+ *                unless "any_method" is true. A body that cannot be decoded
+ *                from its Content-Encoding (corrupt, or bytes after its end)
+ *                ends FQ_ERR_NETWORK and is not retried: the server would
+ *                send it alike. Waiting for a retry holds no
  *                slot; cancelling then ends the operation at once. The metrics'
  *                "attempts" counts the tries. Apart from retries: when a
  *                kept-alive HTTP/1.1 connection closes before any byte of the

@@ -366,6 +366,12 @@ struct TransportRequestTests {
         let error = try #require(transport.perform(HTTPRequest(url: server.url("/bad-gzip"))).error)
         #expect(error.kind == .badContentEncoding)
         #expect(error.curlCode == 61)
+        // Bytes after a whole gzip body: libcurl says it could not write to
+        // disk (curl error 23); the message says what it was.
+        let trailing = try #require(transport.perform(HTTPRequest(url: server.url("/bad-gzip?trailing=1"))).error)
+        #expect(trailing.kind == .badContentEncoding)
+        #expect(trailing.message.hasPrefix("the body could not be decoded from its Content-Encoding \"gzip\""),
+                "\(trailing.message)")
     }
 
     // MARK: Validation

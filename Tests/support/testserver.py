@@ -736,6 +736,9 @@ class Routes:
         return Response(200, self.gzip_body, JSON, [("Content-Encoding", "gzip")])
 
     def bad_gzip(self, conn, req):
+        if req.query.get("trailing") == "1":
+            # A whole gzip body followed by bytes that are not gzip.
+            return Response(200, self.gzip_body + b"garbage", JSON, [("Content-Encoding", "gzip")])
         return Response(200, b"this is not gzip data, just plain bytes",
                         JSON, [("Content-Encoding", "gzip")])
 

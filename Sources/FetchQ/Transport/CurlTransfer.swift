@@ -609,6 +609,16 @@ final class CurlTransfer: @unchecked Sendable {
             } else {
                 text = String(cString: errorBuffer)
                 if text.isEmpty { text = TransportError.curlText(code) }
+                if code == CURLE_WRITE_ERROR, request.acceptEncoding,
+                   let coding = headers.last(where: { TransportText.equalsIgnoringASCIICase($0.name, "content-encoding") })
+                {
+                    // libcurl 7.88 stops so, with words about writing to disk,
+                    // at bytes after the end of a compressed body (a second
+                    // gzip member, trailing garbage).
+                    kind = .badContentEncoding
+                    text = "the body could not be decoded from its Content-Encoding \"\(coding.value)\" "
+                        + "(data after the end of the compressed stream?): " + text
+                }
             }
             kind = TransportError.refinedKind(kind, code: code, text: text)
             if kind == .connect && osErrno != 0, let reason = strerror(Int32(osErrno)) {
