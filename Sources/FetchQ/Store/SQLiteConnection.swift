@@ -356,6 +356,12 @@ final class SQLiteConnection<Failure: Error> {
 
     /// A failure naming the step `what` and SQLite's message for `rc`.
     func failure(_ what: String, _ rc: Int32) -> Failure {
+        // A statement written over several lines (a CREATE TABLE) is named
+        // by its first line.
+        var what = what
+        if let newline = what.firstIndex(of: "\n") {
+            what = String(what[..<newline]) + " ..."
+        }
         var message = String(cString: sqlite3_errstr(rc))
         if let db {
             let detail = String(cString: sqlite3_errmsg(db))
