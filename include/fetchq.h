@@ -882,11 +882,14 @@ int fq_state(fq_engine *engine, fq_op_id id);
  * that fq_state() does not know at the call (never given out, or ended
  * longer ago than config "history" remembers), FQ_ERR_INVALID for a NULL
  * engine, FQ_ERR_STATE from a callback or an operation body of the same
- * engine (it could wait for itself). An operation of a suspended queue is
+ * engine (it could wait for itself). An id known at the call is waited for
+ * even if history lets it go meanwhile. An operation of a suspended queue is
  * waited for until it is resumed and has run, or the timeout. Callbacks run
  * one at a time in the order operations ended, so the wait may also cover
- * callbacks of operations that ended before this one. In poll mode it runs
- * the callbacks on the calling thread while it waits, as fq_queue_wait(). */
+ * callbacks of operations that ended before this one (not of those that
+ * ended after it, while history remembers it). In poll mode it runs the callbacks waiting on the
+ * calling thread while it waits, as fq_queue_wait(), unless the callback
+ * has returned already. */
 int fq_wait(fq_engine *engine, fq_op_id id, int timeout_ms);
 
 /* Cancels every unfinished operation whose "group" is `group`. Returns how

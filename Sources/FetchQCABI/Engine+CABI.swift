@@ -104,7 +104,8 @@ public func fq_wait(_ handle: OpaquePointer?, _ id: fq_op_id, _ timeoutMs: Int32
     guard let e = engine(handle) else { return fail(nullHandle) }
     do {
         let status = try e.wait(for: id, timeoutMs: Int(timeoutMs))
-        return status == .ok ? status.rawValue : fail(status, "operation \(id) did not end within \(timeoutMs) ms")
+        return status == .ok ? status.rawValue
+            : fail(status, "operation \(id) did not end, or its callback did not return, within \(timeoutMs) ms")
     } catch {
         return fail(error)
     }

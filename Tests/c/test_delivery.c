@@ -464,3 +464,91 @@ TEST(fq_wait_timeouts_and_errors) {
     fq_queue_free(q);
     fqt_engine_free(e);
 }
+
+/* fq_wait on an operation known at the call and let go by history before
+ * its callback returned ("history": 0); and on one whose callback returned
+ * while a later operation's callback still runs: FQ_OK, at once. */
+static struct {
+    atomic_int y_running, release_y, a_returned;
+} wl;
+
+static void a_done_slow(const fq_result *res, void *userdata) {
+    (void)res;
+    (void)userdata;
+    fqt_sleep_ms(50);
+    atomic_store(&wl.a_returned, 1);
+}
+
+static void y_done_blocks(const fq_result *res, void *userdata) {
+    (void)res;
+    (void)userdata;
+    atomic_store(&wl.y_running, 1);
+    for (int i = 0; i < 20000 && !atomic_load(&wl.release_y); i++) fqt_sleep_ms(1);
+}
+
+static void *dispatch_all(void *arg) { /* poll mode: runs Y's callback */
+    fq_engine *e = arg;
+    for (int i = 0; i < 20000 && !atomic_load(&wl.y_running); i++) {
+        fq_engine_dispatch(e, 0);
+        fqt_sleep_ms(1);
+    }
+    return NULL;
+}
+
+static void *finish_later(void *op) {
+    fqt_sleep_ms(100);
+    CHECK_OK(fq_op_finish(op, NULL, NULL));
+    return NULL;
+}
+
+static void waits_for_forgotten_and_earlier(const char *config, bool poll) {
+    memset(&wl, 0, sizeof wl);
+    fq_engine *e = fqt_engine(config);
+    fq_queue *q = fqt_queue(e, "q", 1);
+    rec a = {0};
+    fq_op_id ida = fq_submit_async(q, body_async_capture, NULL, a_done_slow, &a);
+    REQUIRE(ida > 0);
+    REQUIRE(WAIT_UNTIL(atomic_load(&a.op) != NULL, FQT_LONG_MS));
+    CHECK_EQ_INT(fq_state(e, ida), FQ_STATE_RUNNING);
+    pthread_t finisher;
+    REQUIRE(pthread_create(&finisher, NULL, finish_later, atomic_load(&a.op)) == 0);
+    /* history 0: A, known at the call, is let go as it ends, before its
+     * callback returns */
+    CHECK_OK(fq_wait(e, ida, FQT_LONG_MS));
+    pthread_join(finisher, NULL);
+    CHECK_EQ_INT(atomic_load(&wl.a_returned), 1);
+    CHECK_EQ_INT(fq_state(e, ida), FQ_ERR_NOT_FOUND);
+    fq_queue_free(q);
+    fqt_engine_free(e);
+
+    /* X's callback returned; Y's (after it) runs on: X's wait does not wait for it. */
+    e = fqt_engine(poll ? "{\"delivery\": \"poll\"}" : NULL);
+    q = fqt_queue(e, "q", 1);
+    rec x = {0};
+    fq_op_id idx = fqt_block(q, body_tag, NULL, rec_done, &x);
+    REQUIRE(idx > 0);
+    CHECK_OK(fq_wait(e, idx, FQT_LONG_MS));
+    fq_op_id idy = fq_submit_block(q, body_noop, NULL, y_done_blocks, NULL);
+    REQUIRE(idy > 0);
+    pthread_t th;
+    if (poll) REQUIRE(pthread_create(&th, NULL, dispatch_all, e) == 0);
+    REQUIRE(WAIT_UNTIL(atomic_load(&wl.y_running), FQT_LONG_MS));
+    long long t0 = fqt_now_ms();
+    CHECK_OK(fq_wait(e, idx, 1000));
+    CHECK(fqt_now_ms() - t0 < 500);
+    CHECK_EQ_INT(atomic_load(&wl.release_y), 0); /* Y's callback still runs */
+    atomic_store(&wl.release_y, 1);
+    if (poll) pthread_join(th, NULL);
+    CHECK_OK(fq_wait(e, idy, FQT_LONG_MS));
+    rec_clear(&x);
+    fq_queue_free(q);
+    fqt_engine_free(e);
+}
+
+TEST(fq_wait_forgotten_and_earlier_thread_mode) { waits_for_forgotten_and_earlier("{\"history\": 0}", false); }
+TEST(fq_wait_forgotten_and_earlier_inline_mode) {
+    waits_for_forgotten_and_earlier("{\"history\": 0, \"delivery\": \"inline\"}", false);
+}
+TEST(fq_wait_forgotten_and_earlier_poll_mode) {
+    waits_for_forgotten_and_earlier("{\"history\": 0, \"delivery\": \"poll\"}", true);
+}

@@ -23,13 +23,8 @@ public enum DeliveryMode: Sendable { case thread, inline, poll }
 /// callback may wait up to a nap for it, and the engine's threads are not
 /// paying a wake-up per completion.
 ///
-/// Items are handed to callbacks in the order they were queued, whoever
-/// runs them; `posted` counts them (those of an inline batch included) in
-/// that order, so an item queued before `posted` was read has run once the
-/// `delivered` reports have added up to it (`fq_wait`).
-///
-/// `@unchecked Sendable`: `items`, `stopping`, `running`, `napping`,
-/// `napsLeft` and `postedCount` are guarded by `lock`; `owner` and `thread` are written in
+/// `@unchecked Sendable`: `items`, `stopping`, `running`, `napping` and
+/// `napsLeft` are guarded by `lock`; `owner` and `thread` are written in
 /// `start` (before any thread reads them) and `thread` read in `stop()` only.
 final class Delivery: @unchecked Sendable {
     typealias Mode = DeliveryMode
@@ -62,14 +57,14 @@ final class Delivery: @unchecked Sendable {
     private var running = false
     private var thread: pthread_t?
     private var owner: UInt = 0
-    /// Items queued so far, inline batches included.
-    private var postedCount: UInt64 = 0
     /// Called after a batch of callbacks has returned, with the queue of
-    /// each completion in it, and how many items the batch had (events too).
-    private let delivered: @Sendable ([QueueID], Int) -> Void
+    /// each completion in it (events are not counted) and the last
+    /// completion's `completionSeq` (completions are called back in the
+    /// order of those numbers, whoever runs them: `fq_wait`).
+    private let delivered: @Sendable ([QueueID], UInt64) -> Void
 
     /// Nothing runs until `start`.
-    init(mode: Mode, delivered: @escaping @Sendable ([QueueID], Int) -> Void) throws(FetchQError) {
+    init(mode: Mode, delivered: @escaping @Sendable ([QueueID], UInt64) -> Void) throws(FetchQError) {
         self.mode = mode
         self.delivered = delivered
         if mode == .poll {
@@ -100,7 +95,6 @@ final class Delivery: @unchecked Sendable {
         lock.lock()
         let wasEmpty = items.isEmpty
         items.append(item)
-        postedCount &+= 1
         if mode == .poll && wasEmpty { signalFD() }
         let wake = mode != .poll && wasEmpty && !napping && !running
         lock.unlock()
@@ -113,7 +107,6 @@ final class Delivery: @unchecked Sendable {
         lock.lock()
         let wasEmpty = items.isEmpty
         for item in batch { items.append(item) }
-        postedCount &+= UInt64(batch.count)
         if mode == .poll && wasEmpty { signalFD() }
         let wake = mode != .poll && wasEmpty && !napping && !running
         lock.unlock()
@@ -131,10 +124,11 @@ final class Delivery: @unchecked Sendable {
     }
 
     /// Runs one item's callback; returns the queue of a completion.
-    private func call(_ item: Item) -> QueueID? {
+    private func call(_ item: Item, _ lastSeq: inout UInt64) -> QueueID? {
         switch item {
         case .completion(let result):
             result.takeCallback().call(result)
+            lastSeq = result.completionSeq
             return result.queue
         case .event(let event, let handler):
             handler(event)
@@ -145,17 +139,15 @@ final class Delivery: @unchecked Sendable {
     /// Runs a batch's callbacks in order, then reports the batch once.
     /// `queues` is scratch space, left empty.
     private func callAll(_ batch: [Item], _ queues: inout [QueueID]) {
+        var lastSeq: UInt64 = 0
         for item in batch {
-            if let queue = call(item) { queues.append(queue) }
+            if let queue = call(item, &lastSeq) { queues.append(queue) }
         }
-        if !batch.isEmpty {
-            delivered(queues, batch.count)
+        if !queues.isEmpty {
+            delivered(queues, lastSeq)
             queues.removeAll(keepingCapacity: true)
         }
     }
-
-    /// How many items were queued so far (see the type's comment).
-    var posted: UInt64 { lock.withLock { postedCount } }
 
     /// Takes everything waiting in one lock round trip, runs the callbacks in
     /// order, then reports the batch once.
@@ -197,15 +189,13 @@ final class Delivery: @unchecked Sendable {
     /// Inline mode: claims the right to run a batch of callbacks on the
     /// calling thread. Succeeds only when nothing waits and no callback
     /// runs, so running the batch now keeps completion order. The caller
-    /// must then call `runInline` (with the `count` items it would have
-    /// posted).
-    func claimInline(count: Int) -> Bool {
+    /// must then call `runInline` (with the items it would have posted).
+    func claimInline() -> Bool {
         guard mode == .inline else { return false }
         lock.lock()
         defer { lock.unlock() }
         guard items.isEmpty, !running, !stopping else { return false }
         running = true
-        postedCount &+= UInt64(count)
         return true
     }
 

@@ -60,6 +60,8 @@ public final class Engine: @unchecked Sendable {
     /// queue in one batch at the end of `resolve` (still under the lock, so
     /// in the order they were decided).
     var pendingPosts: [Delivery.Item] = []
+    /// Completions posted so far (guarded by the lock): see `post`.
+    var completionsPosted: UInt64 = 0
     /// Submits not yet booked (see SubmitInbox), and what booking them
     /// started, carried out by whoever unlocks (guarded by `lock`).
     let inbox = SubmitInbox()
@@ -111,8 +113,8 @@ public final class Engine: @unchecked Sendable {
             rateLimits: config.rateLimits.mapValues { .init(perSecond: $0.perSecond, burst: $0.burst) },
             isLight: { $0.isLight },
             historyForm: { $0.historyForm ?? $0 }), gate: gate)
-        delivery = try Delivery(mode: config.delivery) { [outstanding] queues, items in
-            outstanding.done(queues, items: items)  // without the engine lock
+        delivery = try Delivery(mode: config.delivery) { [outstanding] queues, lastSeq in
+            outstanding.done(queues, lastCompletion: lastSeq)  // without the engine lock
         }
         workers = WorkerPool(count: config.workers)
         let owner = selfPointer
@@ -497,7 +499,7 @@ public final class Engine: @unchecked Sendable {
         let released = machine.takeReleased()
         if !released.isEmpty { work.append(.release(released)) }
         if !pendingPosts.isEmpty {
-            if let inline, delivery.claimInline(count: pendingPosts.count) {
+            if let inline, delivery.claimInline() {
                 swap(&inline.pointee, &pendingPosts)
                 return
             }
@@ -510,11 +512,20 @@ public final class Engine: @unchecked Sendable {
         }
     }
 
-    /// With the lock held: queues `op`'s completion for `resolve` to post.
+    /// With the lock held: queues `op`'s completion for `resolve` to post,
+    /// numbered in posting order (`slot`: the scheduler's, when the caller
+    /// has it).
     @inline(__always)
-    func post(_ result: OperationResult, of op: Operation) {
+    func post(_ result: OperationResult, of op: Operation, slot: Int? = nil) {
         result.callback = op.callback
         result.queue = op.queue
+        completionsPosted &+= 1
+        result.completionSeq = completionsPosted
+        if let slot {
+            machine.noteCompletion(slot: slot, id: op.id, completionsPosted)
+        } else {
+            machine.noteCompletion(op.id, completionsPosted)
+        }
         pendingPosts.append(.completion(result))
     }
 
@@ -853,7 +864,7 @@ public final class Engine: @unchecked Sendable {
         // event, then this callback, then the dependents'.
         let familyActions = op.family == nil ? nil : familyEnded(op, result, &work)
         if op.carries == nil {  // a carrier is internal: nobody waits for its callback
-            post(result, of: op)
+            post(result, of: op, slot: slot)
         }
         var inlineBatch: [Delivery.Item] = []
         var pickup: Unmanaged<Operation>? = nil
@@ -964,24 +975,36 @@ public final class Engine: @unchecked Sendable {
             throw FetchQError(.state, "fq_wait cannot be called from a callback or an operation body of its engine")
         }
         let until = deadline(afterMs: timeoutMs)
+        var first = true
         while true {
             lockEngine()
             let state = machine.reportedState(of: id)
-            let queued = delivery.posted
+            let numbered = machine.completionSeq(of: id)
+            let posted = completionsPosted
+            // Read with the lock held: a live operation's completion is not
+            // posted meanwhile, so it is after `seen`.
             let seen = outstanding.delivered
             unlockEngine()
-            guard let state else {
+            // The number of its completion once it ended; nil while it runs.
+            let target: UInt64?
+            if let state {
+                target = state.rawValue >= OperationState.succeeded.rawValue ? (numbered ?? posted) : nil
+            } else if first {
                 throw FetchQError(.notFound, "no operation \(id) (never submitted, or no longer in the engine's history)")
+            } else {
+                target = posted  // it ended, and history let it go since: before `posted`
             }
-            let ended = state.rawValue >= OperationState.succeeded.rawValue
+            first = false
             if delivery.mode == .poll {
-                if let status = pollUntil(until, { ended ? self.outstanding.delivered >= queued : self.outstanding.delivered > seen }) {
+                if let status = pollUntil(until, checkFirst: true, {
+                    target.map { self.outstanding.delivered >= $0 } ?? (self.outstanding.delivered > seen)
+                }) {
                     return status
                 }
-            } else if !outstanding.waitForDelivered(ended ? queued : seen, atLeast: ended, until: until) {
+            } else if !outstanding.waitForDelivered(target ?? seen, atLeast: target != nil, until: until) {
                 return .timeout
             }
-            if ended { return .ok }
+            if target != nil { return .ok }
         }
     }
 
@@ -989,7 +1012,10 @@ public final class Engine: @unchecked Sendable {
     /// (nil) or `until` passed (`.timeout`). Not behind another thread's
     /// callbacks, which could outlast the timeout: that thread runs what
     /// waits, this one looks again.
-    private func pollUntil(_ until: UInt64?, _ done: () -> Bool) -> FQStatus? {
+    /// With `checkFirst`, returns at once when `done()` already holds,
+    /// without running what waits.
+    private func pollUntil(_ until: UInt64?, checkFirst: Bool = false, _ done: () -> Bool) -> FQStatus? {
+        if checkFirst && done() { return nil }
         while true {
             let ran = delivery.dispatch(max: 0, waitForOthers: false)
             if done() { return nil }

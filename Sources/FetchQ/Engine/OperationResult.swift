@@ -52,6 +52,9 @@ public final class OperationResult: @unchecked Sendable {
     /// is a single reference.
     var callback = Callback.none
     var queue: QueueID = 0
+    /// Its place among the engine's completions, in the order they are
+    /// posted (and so called back): see `Engine.wait(for:timeoutMs:)`.
+    var completionSeq: UInt64 = 0
 
     /// No value and no response parts: nothing big is freed with it, so
     /// the scheduler may drop it from history under its lock.

@@ -12,10 +12,11 @@ final class Outstanding: @unchecked Sendable {
     private let lock = ConditionLock()
     private var counts = QueueCounts()
     private var total = 0
-    /// Delivery items (callbacks and events) that have run: see `Delivery`.
-    private var deliveredItems: UInt64 = 0
+    /// The `completionSeq` of the last completion whose callback returned
+    /// (they return in that order: see `Delivery`).
+    private var deliveredSeq: UInt64 = 0
     /// Threads in `waitForDelivered`: each batch wakes them.
-    private var itemWaiters = 0
+    private var seqWaiters = 0
 
     /// `n` more operations of `queue` await their callbacks.
     func add(_ queue: QueueID, _ n: Int = 1) {
@@ -25,12 +26,12 @@ final class Outstanding: @unchecked Sendable {
         lock.unlock()
     }
 
-    /// The callbacks of these operations (one entry each) returned, in a
-    /// batch of `items` delivery items.
-    func done(_ queues: [QueueID], items: Int) {
+    /// The callbacks of these operations (one entry each) returned, the
+    /// last of them numbered `lastCompletion`.
+    func done(_ queues: [QueueID], lastCompletion: UInt64) {
         lock.lock()
-        deliveredItems &+= UInt64(items)
-        var wake = itemWaiters > 0
+        deliveredSeq = max(deliveredSeq, lastCompletion)
+        var wake = seqWaiters > 0
         for queue in queues {
             counts[queue] -= 1
             if counts[queue] == 0 { wake = true }
@@ -41,19 +42,19 @@ final class Outstanding: @unchecked Sendable {
         if wake { lock.broadcast() }
     }
 
-    /// Delivery items that have run so far.
-    var delivered: UInt64 { lock.withLock { deliveredItems } }
+    /// The `completionSeq` of the last completion called back.
+    var delivered: UInt64 { lock.withLock { deliveredSeq } }
 
-    /// Waits until more than `count` delivery items have run (`atLeast`
-    /// false) or at least `count` (`atLeast` true); false when `until`
+    /// Waits until the completion numbered `seq` was called back (`atLeast`
+    /// true), or any after `seq` (`atLeast` false); false when `until`
     /// (monotonic nanoseconds; nil: no limit) passed first.
-    func waitForDelivered(_ count: UInt64, atLeast: Bool, until: UInt64?) -> Bool {
+    func waitForDelivered(_ seq: UInt64, atLeast: Bool, until: UInt64?) -> Bool {
         lock.lock()
         defer { lock.unlock() }
-        itemWaiters += 1
-        defer { itemWaiters -= 1 }
-        while atLeast ? deliveredItems < count : deliveredItems <= count {
-            if !lock.wait(until: until) && (atLeast ? deliveredItems < count : deliveredItems <= count) { return false }
+        seqWaiters += 1
+        defer { seqWaiters -= 1 }
+        while atLeast ? deliveredSeq < seq : deliveredSeq <= seq {
+            if !lock.wait(until: until) && (atLeast ? deliveredSeq < seq : deliveredSeq <= seq) { return false }
         }
         return true
     }

@@ -153,6 +153,9 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         var id: OpID = 0
         var queue: QueueID = 0
         var seq: UInt64 = 0
+        /// The runtime's number for its completion (`noteCompletion`), 0
+        /// until it ended.
+        var completionSeq: UInt64 = 0
         var readySince: UInt64 = 0
         /// Index into `hosts`; 0 for operations without a host.
         var host: Int32 = 0
@@ -1674,6 +1677,23 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         liveSlot(id).flatMap { slots[$0].links < 0 ? nil : linkTable[Int(slots[$0].links)].group }
     }
     func finishedOutcome(of id: OpID) -> Outcome? { finishedSlot(id).map { slots[$0].outcome } }
+    /// The runtime numbered `id`'s completion (it ended and its callback is
+    /// on its way; `fq_wait`). Nothing for an id no longer remembered.
+    mutating func noteCompletion(_ id: OpID, _ seq: UInt64) {
+        if let s = index[id] { slots[Int(s)].completionSeq = seq }
+    }
+
+    /// `noteCompletion` for the slot the caller had (unless history let it go).
+    mutating func noteCompletion(slot s: Int, id: OpID, _ seq: UInt64) {
+        if slots[s].id == id { slots[s].completionSeq = seq }
+    }
+
+    /// The number `noteCompletion` gave an ended operation still remembered.
+    func completionSeq(of id: OpID) -> UInt64? {
+        guard let s = index[id], slots[Int(s)].state == .finished, slots[Int(s)].completionSeq > 0 else { return nil }
+        return slots[Int(s)].completionSeq
+    }
+
     /// What `fq_state` reports for `id`: nil for an id never booked, one
     /// history no longer remembers, and the engine's own (internal) work.
     /// Operations sharing a transfer, and those between two attempts, are
