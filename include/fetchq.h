@@ -612,9 +612,11 @@ fq_op_id fq_submit_async(fq_queue *queue, fq_async_fn fn, const json_t *options,
  * 307 and 308, except that a POST becomes a GET without its body on 301 and
  * 302; a 303 makes any method but HEAD a GET without its body (RFC 9110
  * §15.4). A request made a GET so is sent without its Content-* headers
- * (Content-Type included). A progress event counts the final response's
- * body only, never that of a redirect that was followed. Authorization and Cookie headers are not sent to another scheme,
- * host or port; a redirect to a URL that is not http or https fails with
+ * (Content-Type included). Another 3xx but 304 with a Location (300, 305,
+ * ...) is followed as a 307 is. A progress event counts the final
+ * response's body only, never that of a redirect that was followed.
+ * Authorization and Cookie headers are sent only to the first request's
+ * scheme, host and port (again when a redirect leads back there); a redirect to a URL that is not http or https fails with
  * FQ_ERR_NETWORK. A redirect from https to http is followed, as browsers
  * and curl do: the other headers and a kept body then travel unencrypted
  * ("max_redirects": 0 stops at the first redirect).

@@ -51,6 +51,9 @@ struct CommonOptions: ParsableArguments {
             // for the run: nothing could ever have stored what it asks for.
             throw ValidationError("--cache only-if-cached would never answer: the CLI's cache is in memory for one run, and with this mode no request of the run stores anything in it")
         }
+        if let cache, !["default", "reload", "stale-while-revalidate"].contains(cache) {
+            throw ValidationError("--cache: \"\(cache)\" is not one of \"default\", \"reload\", \"stale-while-revalidate\"")
+        }
     }
 
     /// The per-operation options these flags stand for. Values are passed as

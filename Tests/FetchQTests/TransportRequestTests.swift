@@ -228,6 +228,27 @@ struct TransportRequestTests {
         }
     }
 
+    @Test("fetchq's own hops: a 300 with a Location is followed as a 307 is; credentials go back with a hop to the first origin",
+          arguments: ["POST", "PUT"])
+    func ownHopsFollowOther3xxAndReturnCredentials(method: String) throws {
+        let body = Array("data".utf8)
+        let after300 = try transport.perform(HTTPRequest(
+            method: method, url: server.url("/redirect-to?url=/echo&status=300"), body: body)).get()
+        let echo = try #require(TestJSON(parsing: after300.body))
+        #expect(after300.status == 200 && echo["method"]?.string == method && echo["body"]?.string == "data")
+        // 127.0.0.1 -> localhost -> 127.0.0.1: curl's rule, the first origin's.
+        let back = URLUtilities.percentEncode(server.url("/echo"))
+        let away = URLUtilities.percentEncode("http://localhost:\(server.port)/redirect-to?url=\(back)&status=307")
+        let credentials = [(name: "Authorization", value: "Bearer secret"), (name: "Cookie", value: "s=1")]
+        let round = try transport.perform(HTTPRequest(
+            method: method, url: server.url("/redirect-to?url=\(away)&status=307"), headers: credentials,
+            body: body)).get()
+        #expect(round.metrics.redirects == 2)
+        let headers = try #require(TestJSON(parsing: round.body)?["headers"])
+        #expect(headers["authorization"]?.string == "Bearer secret")
+        #expect(headers["cookie"]?.string == "s=1")
+    }
+
     @Test("a PUT's redirects: the cap, a chain that goes on as GET, another host, another scheme, not following")
     func customMethodRedirectLimits() throws {
         let body = Array("data".utf8)

@@ -334,6 +334,8 @@ def test_cache_option_is_passed_through(cli, server):
     r = run(cli, "get", "--cache", "no-such-mode", server + "/cache?key=cli-cache")
     assert r.returncode == 2
     assert b"cache" in r.stderr and r.stdout == b""
+    # The modes it names are those the CLI takes (only-if-cached is not one).
+    assert b'"reload", "stale-while-revalidate"' in r.stderr and b"only-if-cached" not in r.stderr
     assert stats(server)["requests"] == 0
     # A real mode: works if the engine has the option, else its message.
     r = run(cli, "get", "--cache", "reload", server + "/cache?key=cli-cache")

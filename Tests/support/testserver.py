@@ -822,6 +822,8 @@ class Routes:
         i = STATS.bump("flaky", key)  # counted on arrival, before any delay
         if i <= fail:
             resp = jresp({"error": "flaky", "attempt": i}, status)
+        elif req.query.get("empty") == "1":
+            resp = Response(200, b"", JSON)  # success with an empty body
         else:
             resp = jresp({"attempt": i})
         return self.later(conn, ms, resp) if ms else resp

@@ -19,6 +19,7 @@ extension Engine {
         guard case .network(let job) = op.body else { return .start(op) }
         if op.startedAt == 0 { op.startedAt = monotonicNanos() }
         op.attempts += 1
+        op.lastProgress = nil  // a new attempt's response counts from 0, its size its own
         return .startTransfer(op, job, attempt: op.attempts, transports: transports)
     }
 

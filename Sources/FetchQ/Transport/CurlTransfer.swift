@@ -497,14 +497,18 @@ final class CurlTransfer: @unchecked Sendable {
     }
 
     /// Whether a status line's code is 101.
-    /// A status line with 301, 302, 303, 307 or 308 (those followed).
+    /// A status line with a 3xx other than 304: with a Location, libcurl
+    /// and `nextHop` follow it.
     private static func isRedirectStatus(_ line: Slice<UnsafeRawBufferPointer>) -> Bool {
         guard let space = line.firstIndex(of: 0x20) else { return false }
         let code = Array(line[(space + 1)...].prefix(4))
         guard code.count == 3 || (code.count == 4 && code[3] == 0x20), code[0] == UInt8(ascii: "3"),
-              code[1] == UInt8(ascii: "0") else { return false }
-        return [UInt8(ascii: "1"), UInt8(ascii: "2"), UInt8(ascii: "3"), UInt8(ascii: "7"), UInt8(ascii: "8")].contains(code[2])
+              code[1...2].allSatisfy({ $0 >= UInt8(ascii: "0") && $0 <= UInt8(ascii: "9") }) else { return false }
+        return !(code[1] == UInt8(ascii: "0") && code[2] == UInt8(ascii: "4"))
     }
+
+    /// `isRedirectStatus` for a status number.
+    static func followsStatus(_ status: Int) -> Bool { (300..<400).contains(status) && status != 304 }
 
     private static func isSwitchingProtocols(_ line: Slice<UnsafeRawBufferPointer>) -> Bool {
         guard let space = line.firstIndex(of: 0x20) else { return false }
@@ -729,6 +733,10 @@ final class CurlTransfer: @unchecked Sendable {
     /// the userinfo of its URL.
     private var firstOrigin: String?
     private var firstUserinfo: String?
+    /// The first request's headers, and whether a hop made it a GET without
+    /// its body (its Content-* headers stay off from then on).
+    private var firstHeaders: [(name: String, value: String)] = []
+    private var madeAGet = false
 
     func nextHop() -> Hop? {
         guard let easy else { return nil }
@@ -748,7 +756,7 @@ final class CurlTransfer: @unchecked Sendable {
             return .follow
         }
         guard followsItself else { return nil }
-        guard status == 301 || status == 302 || status == 303 || status == 307 || status == 308 else { return nil }
+        guard Self.followsStatus(status) else { return nil }
         var at: UnsafePointer<CChar>?
         guard fqc_easy_getinfo_string(easy, CURLINFO_REDIRECT_URL, &at) == CURLE_OK, let at else { return nil }
         let target = String(cString: at)
@@ -779,6 +787,7 @@ final class CurlTransfer: @unchecked Sendable {
         if hops == 0 {
             firstOrigin = Self.origin(of: request.url)
             firstUserinfo = URLUtilities.userinfo(of: request.url)
+            firstHeaders = request.headers
         }
         var next = request
         // As libcurl does for the redirects it follows: credentials go only
@@ -794,9 +803,14 @@ final class CurlTransfer: @unchecked Sendable {
         if status == 303 || (request.method == "POST" && (status == 301 || status == 302)) {
             next.method = "GET"
             next.body = nil
-            next.headers.removeAll { TransportText.hasPrefixIgnoringASCIICase($0.name, "content-") }
+            madeAGet = true
         }
-        if Self.origin(of: target) != Self.origin(of: request.url) {
+        // The first request's headers, less what this hop may not carry: as
+        // curl does, Authorization and Cookie go only to the first request's
+        // origin (again when a later hop leads back there).
+        next.headers = firstHeaders
+        if madeAGet { next.headers.removeAll { TransportText.hasPrefixIgnoringASCIICase($0.name, "content-") } }
+        if Self.origin(of: target) != firstOrigin {
             next.headers.removeAll {
                 TransportText.equalsIgnoringASCIICase($0.name, "authorization")
                     || TransportText.equalsIgnoringASCIICase($0.name, "cookie")

@@ -501,7 +501,7 @@ def _dumps(value: Any, what: str, argument: bool = False) -> bytes:
     except ValueError as exc:
         if argument:
             raise _argument_error(value, what, exc) from None
-        raise ValueError("%s is not valid JSON: %s" % (what, exc)) from None
+        raise InvalidArgument("%s is not valid JSON: %s" % (what, exc)) from None
     except TypeError as exc:
         if argument:
             raise _argument_error(value, what, exc) from None
@@ -515,7 +515,7 @@ def _loadb(data: bytes, what: str, value: Any = None, argument: bool = False) ->
     err = JsonError()
     ptr = lib().jansson.json_loadb(data, len(data), _LOAD_FLAGS, byref(err))
     if not ptr:
-        exc = ValueError("%s cannot be represented in jansson: %s" % (
+        exc = InvalidArgument("%s cannot be represented in jansson: %s" % (
             what, err.text.decode("utf-8", "replace")))
         raise _argument_error(value, what, exc) if argument else exc
     return ptr

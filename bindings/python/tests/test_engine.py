@@ -459,4 +459,8 @@ def test_nul_in_a_string_is_invalid_argument(engine: fetchq.Engine) -> None:
                  lambda: engine.cancel_group("g\0")):
         with pytest.raises(fetchq.InvalidArgument, match="must not contain NUL characters"):
             call()
+    # In a JSON key (a header's name, a query parameter's) jansson cannot hold it.
+    for kw in ({"headers": {"X-\0A": "v"}}, {"params": {"k\0": "v"}}):
+        with pytest.raises(fetchq.InvalidArgument, match="cannot be represented in jansson"):
+            q.get("http://127.0.0.1:1/", **kw)
     assert engine.pending_count == 0

@@ -403,12 +403,13 @@ def test_progress_unknown_length_is_none(net_engine: fetchq.Engine, server: Serv
     assert all(e[1] is None for e in events)
 
 
+@pytest.mark.parametrize("status", [307, 300])
 @pytest.mark.parametrize("method", ["GET", "POST", "PUT"])
 def test_progress_after_a_redirect_counts_the_final_body_only(net_engine: fetchq.Engine, server: Server,
-                                                              method: str) -> None:
+                                                              method: str, status: int) -> None:
     # (GET is followed by libcurl, POST and PUT by fetchq itself.)
     events: List[Tuple[int, Any]] = []
-    url = server.url("/redirect-to?url=%2Fbytes%3Fn%3D10&status=307&pad=300000")
+    url = server.url("/redirect-to?url=%%2Fbytes%%3Fn%%3D10&status=%d&pad=300000" % status)
     r = net_engine.queue("p").request(method, url, data=None if method == "GET" else "x",
                                       progress=lambda a, b: events.append((a, b)),
                                       progress_interval_ms=0).result(timeout=TIMEOUT)
@@ -425,6 +426,16 @@ def test_progress_of_an_empty_body_ends_with_one_event(net_engine: fetchq.Engine
                                   ).result(timeout=TIMEOUT)
     assert r.body == b"" and r.status in (200, 204)
     assert events == [(0, None)]
+
+
+def test_progress_of_an_empty_body_after_a_retry(net_engine: fetchq.Engine, server: Server) -> None:
+    # The failed attempt's size is not the empty answer's.
+    events: List[Tuple[int, Any]] = []
+    r = net_engine.queue("p").get(server.url("/flaky?key=progress-empty&empty=1"),
+                                  retry={"max": 1, "base": 0.01}, progress_interval_ms=0,
+                                  progress=lambda a, b: events.append((a, b))).result(timeout=TIMEOUT)
+    assert r.body == b"" and r.metrics["attempts"] == 2
+    assert events[-1] == (0, None)
 
 
 def test_userinfo_that_is_not_ascii_is_percent_encoded(net_engine: fetchq.Engine, server: Server) -> None:
