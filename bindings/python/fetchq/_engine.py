@@ -555,6 +555,15 @@ class AsyncOp(Op):
     def finished(self) -> bool:
         return self._op is None
 
+    @property
+    def cancelled(self) -> bool:
+        """True once the operation was cancelled; also after the engine's
+        ``close()`` finished it (cancelled), when the handle is gone."""
+        with self._lock:                # close() must not finish it meanwhile
+            if self._op is None and self._by_close:
+                return True
+            return bool(self._core.lib.fq_op_is_cancelled(self._handle()))
+
     def finish(self, value: Any = None, error: Optional[str] = None) -> None:
         """Ends the operation: with ``value`` (converted to JSON), or failed
         with ``error`` (the future raises :class:`OperationError`). If it was
@@ -765,6 +774,9 @@ class _Core:
         self.closing = False
         self.closed_message = "the engine is closed"
         self.handle: Any = None
+        # Queues closed from a callback or body, freed later by another
+        # thread: their names are taken until then (see Queue.close).
+        self.freeing: Dict[str, threading.Event] = {}
         self.fd = -1
         self.pending: Dict[int, _OpState] = {}
         self.by_op: Dict[int, _OpState] = {}
@@ -852,9 +864,15 @@ class _Core:
             except (ShutdownError, StateError):
                 # The engine (or queue) was closed by another thread during
                 # the wait: close() cancels and ends everything, so the wait
-                # is over, as a single wait inside C would have returned.
+                # is over once the close is, as a single wait inside C would
+                # have returned.
                 if first:
                     raise
+                with self.lock:
+                    while self.closing and self.handle is not None:
+                        if deadline is not None and time.monotonic() >= deadline:
+                            raise Timeout("timed out waiting while another thread closes the engine") from None
+                        self.idle.wait(0.1)
                 return
             first = False
 
@@ -1034,6 +1052,9 @@ class _Core:
             ctx._op = None
             _tls.ops.pop()
             _tls.cores.pop()
+            # A kept exception's traceback keeps this frame: it must not keep
+            # the operation's queue and engine too.
+            state = args = None  # noqa: F841
 
     def _on_async(self, op: int, userdata: Optional[int]) -> None:
         state = self.pending.get(userdata or 0)
@@ -1065,6 +1086,7 @@ class _Core:
         finally:
             _tls.ops.pop()
             _tls.cores.pop()
+            state = None  # noqa: F841 (as in _on_block; and see _Core.close)
 
     def _on_log(self, level: int, message: Optional[bytes], userdata: Optional[int]) -> None:
         # any engine thread, possibly several at once; logging is thread-safe
@@ -1155,13 +1177,29 @@ class _Core:
                 self.idle.wait(0.1)
         try:
             self.lib.fq_engine_free(handle)  # delivers every outstanding completion
-        finally:
-            with self.lock:
-                self.handle = None
-                self.idle.notify_all()
-            for q in list(self.queues):
-                q._handle = None
-            self.json_cache.clear()         # no submit is in flight any more
+        except StateError:
+            # One of the engine's own threads (a finalizer that ran there,
+            # the last reference dropped in a body): freed from another.
+            threading.Thread(target=self._free_from_another_thread, args=(handle,), name="fetchq-close",
+                             daemon=True).start()
+            return
+        self._closed()
+
+    def _free_from_another_thread(self, handle: Any) -> None:
+        try:
+            self.lib.fq_engine_free(handle)
+        except BaseException:
+            log.exception("fetchq: freeing the engine failed")
+        self._closed()
+
+    def _closed(self) -> None:
+        """After fq_engine_free: nothing of the engine is left to use."""
+        with self.lock:
+            self.handle = None
+            self.idle.notify_all()
+        for q in list(self.queues):
+            q._handle = None
+        self.json_cache.clear()             # no submit is in flight any more
         leftover = [s for s in self.pending.values() if not s.interrupted]
         for state in self.pending.values():
             if state.interrupted:           # its submit raised: nobody holds the future
@@ -1402,7 +1440,8 @@ class Queue(Generic[_F]):
                 busy = self._users > 0
             if busy and core.in_callback():
                 # waiting here could wait for a callback that this thread runs
-                threading.Thread(target=self._free, args=(handle,), name="fetchq-queue-close",
+                freed = core.freeing[self.name] = threading.Event()
+                threading.Thread(target=self._free, args=(handle, True, freed), name="fetchq-queue-close",
                                  daemon=True).start()
                 entered = False              # the thread ends the count
                 return
@@ -1414,9 +1453,10 @@ class Queue(Generic[_F]):
                     if core.inflight == 0 and core.closing:
                         core.idle.notify_all()
 
-    def _free(self, handle: Any, counted: bool = True) -> None:
+    def _free(self, handle: Any, counted: bool = True, freed: Optional[threading.Event] = None) -> None:
         """Frees ``handle`` once no other thread uses it; with ``counted``,
-        then ends the engine's count of calls that ``close`` began."""
+        then ends the engine's count of calls that ``close`` began; sets
+        ``freed`` (the name is free again)."""
         core = self._core
         try:
             with core.lock:
@@ -1424,6 +1464,10 @@ class Queue(Generic[_F]):
                     core.idle.wait(0.1)
             core.lib.fq_queue_free(handle)
         finally:
+            if freed is not None:
+                if core.freeing.get(self.name) is freed:
+                    del core.freeing[self.name]
+                freed.set()
             if counted:
                 with core.lock:
                     core.inflight -= 1
@@ -1854,6 +1898,11 @@ class _EngineBase:
         """The queue named ``name``, created on first use with
         ``max_concurrent`` (default 4); for an existing queue a different
         ``max_concurrent`` is applied."""
+        freeing = self._core.freeing.get(name)
+        if freeing is not None:
+            # Closed from a callback or body and not yet freed by the thread
+            # that does it (within a wait's slice, 0.1 s, of its users).
+            freeing.wait(5.0)
         with self._queues_lock:
             existing = self._queues.get(name)
             if existing is None:
@@ -2047,6 +2096,8 @@ class AsyncEngine(_EngineBase):
         """Frees the engine now; pending futures are resolved (cancelled)
         before it returns. Blocks the loop while running operations end; prefer
         ``await aclose()``."""
+        if self._core.in_callback():         # before the reader goes: it stays the loop's
+            raise StateError("an engine cannot be closed from its own callback or operation body")
         self._remove_reader()
         self._core.close()
         self._finalizer.detach()

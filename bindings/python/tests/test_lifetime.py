@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import os
 import subprocess
@@ -11,7 +12,7 @@ import threading
 import time
 import weakref
 from pathlib import Path
-from typing import List
+from typing import Any, Dict, List
 
 
 import pytest
@@ -457,3 +458,145 @@ def test_a_done_callback_may_submit_after_the_engine_was_dropped() -> None:
     assert isinstance(follow[0], fetchq.Future), follow
     assert follow[0].result(timeout=TIMEOUT) == 5
 
+
+
+# -- the eighth review (thirty-first session): model-based random testing ----
+
+def _task_count() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+@pytest.mark.parametrize("which", ["engine", "queue"])
+def test_a_wait_ends_when_another_threads_close_has_ended(which: str) -> None:
+    engine = fetchq.Engine(workers=2)
+    q = engine.queue("q", 1)
+    started = threading.Event()
+
+    def body() -> int:
+        started.set()
+        time.sleep(0.5)                 # ignores op.cancelled
+        return 1
+
+    fut = q.submit(body)
+    assert started.wait(TIMEOUT)
+    seen: Dict[str, Any] = {}
+
+    def waiter() -> None:
+        (engine.wait_idle if which == "engine" else q.wait)(timeout=TIMEOUT)
+        seen["done"], seen["pending"] = fut.done(), engine.pending_count
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    time.sleep(0.05)
+    engine.close()
+    t.join(TIMEOUT)
+    assert seen == {"done": True, "pending": 0}   # it returned before close() had ended everything
+
+
+def test_async_engine_close_in_a_body_leaves_the_engine_working() -> None:
+    async def main() -> None:
+        engine = fetchq.AsyncEngine(workers=2)
+        q = engine.queue("q")
+        refused: List[str] = []
+
+        def body() -> int:
+            try:
+                engine.close()
+            except fetchq.StateError:
+                refused.append("StateError")
+            return 1
+
+        assert await asyncio.wait_for(q.submit(body), TIMEOUT) == 1
+        assert refused == ["StateError"]
+        assert await asyncio.wait_for(q.submit(lambda: 2), TIMEOUT) == 2  # the loop still serves it
+        await engine.aclose()
+        assert engine.closed
+
+    asyncio.run(main())
+
+
+def test_an_engine_dropped_while_a_start_runs_after_finish_is_freed() -> None:
+    before = _task_count()
+    engine = fetchq.Engine(workers=2)
+    q = engine.queue("q")
+    go_on = threading.Event()
+
+    def start(op: fetchq.AsyncOp) -> None:
+        op.finish("v")
+        go_on.wait(TIMEOUT)             # the last reference goes on this worker
+
+    fut = q.submit_async(start)
+    assert fut.result(TIMEOUT) == "v"
+    del engine, q, fut
+    go_on.set()
+    for _ in range(200):                # freed from another thread, at most 10 s
+        gc.collect()
+        if _task_count() <= before:
+            break
+        time.sleep(0.05)
+    assert _task_count() <= before
+
+
+def test_a_kept_exception_does_not_keep_its_engine() -> None:
+    def boom() -> None:
+        raise ValueError("boom")
+
+    engine = fetchq.Engine(workers=2)
+    fut = engine.queue("q").submit(boom)
+    with pytest.raises(fetchq.OperationError) as info:
+        fut.result(TIMEOUT)
+    err = info.value
+    alive = weakref.ref(engine)
+    del engine, fut, info
+    gc.collect()
+    assert alive() is None and isinstance(err.__cause__, ValueError)
+
+
+def test_a_queue_name_is_free_again_once_close_returns() -> None:
+    with fetchq.Engine(workers=2) as engine:
+        q = engine.queue("name", 1)
+        waiting = threading.Event()
+
+        def user() -> None:
+            waiting.set()
+            try:
+                q.wait(timeout=TIMEOUT)
+            except fetchq.FetchqError:
+                pass
+
+        t = threading.Thread(target=user)
+        closed = threading.Event()
+
+        def body() -> None:
+            assert waiting.wait(TIMEOUT)
+            time.sleep(0.05)            # the other thread is inside q.wait()
+            q.close()                   # deferred: another thread frees it
+            closed.set()
+
+        blocker = engine.queue("other").submit(body)
+        t.start()
+        blocker.result(TIMEOUT)
+        assert closed.is_set()
+        again = engine.queue("name", 1)   # InvalidArgument "already exists" before
+        assert again is not q and again.submit(lambda: 3).result(TIMEOUT) == 3
+        t.join(TIMEOUT)
+
+
+def test_asyncop_cancelled_stays_true_after_close_finished_it() -> None:
+    engine = fetchq.Engine(workers=2)
+    q = engine.queue("q")
+    handed: List[fetchq.AsyncOp] = []
+    errors: List[BaseException] = []
+    fut = q.submit_async(handed.append)
+    for _ in range(2000):
+        if handed:
+            break
+        time.sleep(0.005)
+    op = handed[0]
+    engine.close()                      # cancels it, then finishes it
+    try:
+        assert op.cancelled and op.finished
+        op.finish()                     # a no-op now
+    except BaseException as e:          # noqa: BLE001
+        errors.append(e)
+    assert errors == [] and fut.cancelled()
