@@ -244,6 +244,11 @@ public final class Engine: @unchecked Sendable {
         }
     }
 
+    /// `fq_state`'s and `fq_wait`'s error for an id they do not know.
+    static func unknown(_ id: OpID) -> FetchQError {
+        FetchQError(.notFound, "no operation \(id) (never submitted, or no longer in the engine's history)")
+    }
+
     /// Where operation `id` stands (`fq_state`). Every operation whose
     /// submit returned before the call is booked first (`lockEngine`).
     public func state(of id: OpID) throws(FetchQError) -> OperationState {
@@ -251,7 +256,7 @@ public final class Engine: @unchecked Sendable {
         let state = machine.reportedState(of: id)
         unlockEngine()
         guard let state else {
-            throw FetchQError(.notFound, "no operation \(id) (never submitted, or no longer in the engine's history)")
+            throw Self.unknown(id)
         }
         return state
     }
@@ -990,7 +995,7 @@ public final class Engine: @unchecked Sendable {
             if let state {
                 target = state.rawValue >= OperationState.succeeded.rawValue ? (numbered ?? posted) : nil
             } else if first {
-                throw FetchQError(.notFound, "no operation \(id) (never submitted, or no longer in the engine's history)")
+                throw Self.unknown(id)
             } else {
                 target = posted  // it ended, and history let it go since: before `posted`
             }

@@ -364,7 +364,7 @@ final class CurlTransfer: @unchecked Sendable {
         }
         if line.starts(with: "HTTP/".utf8) {
             answeredSinceRequest = true
-            if Self.isSwitchingProtocols(line) {
+            if Self.statusCode(line) == 101 {
                 // fetchq never asks for an upgrade (RFC 9110 §15.2.2: a server
                 // sends 101 only to a request that did); curl would wait on
                 // the connection for a response that never comes.
@@ -381,7 +381,7 @@ final class CurlTransfer: @unchecked Sendable {
             // Progress counts this response's body from 0 (curl's counts
             // start again with each request).
             lastProgressReceived = nil
-            statusRedirects = Self.isRedirectStatus(line)
+            statusRedirects = Self.statusCode(line).map(Self.followsStatus) ?? false
             bodyIsARedirects = false
             return count
         }
@@ -497,24 +497,22 @@ final class CurlTransfer: @unchecked Sendable {
     }
 
     /// Whether a status line's code is 101.
-    /// A status line with a 3xx other than 304: with a Location, libcurl
-    /// and `nextHop` follow it.
-    private static func isRedirectStatus(_ line: Slice<UnsafeRawBufferPointer>) -> Bool {
-        guard let space = line.firstIndex(of: 0x20) else { return false }
-        let code = Array(line[(space + 1)...].prefix(4))
-        guard code.count == 3 || (code.count == 4 && code[3] == 0x20), code[0] == UInt8(ascii: "3"),
-              code[1...2].allSatisfy({ $0 >= UInt8(ascii: "0") && $0 <= UInt8(ascii: "9") }) else { return false }
-        return !(code[1] == UInt8(ascii: "0") && code[2] == UInt8(ascii: "4"))
-    }
-
-    /// `isRedirectStatus` for a status number.
-    static func followsStatus(_ status: Int) -> Bool { (300..<400).contains(status) && status != 304 }
-
-    private static func isSwitchingProtocols(_ line: Slice<UnsafeRawBufferPointer>) -> Bool {
-        guard let space = line.firstIndex(of: 0x20) else { return false }
+    /// The three-digit code of a status line, nil if it has none.
+    private static func statusCode(_ line: Slice<UnsafeRawBufferPointer>) -> Int? {
+        guard let space = line.firstIndex(of: 0x20) else { return nil }
         let code = line[(space + 1)...].prefix(4)
-        return code.starts(with: "101".utf8) && (code.count == 3 || code.last == 0x20)
+        guard code.count == 3 || code.last == 0x20 else { return nil }
+        var value = 0
+        for digit in code.prefix(3) {
+            guard digit >= UInt8(ascii: "0") && digit <= UInt8(ascii: "9") else { return nil }
+            value = value * 10 + Int(digit - UInt8(ascii: "0"))
+        }
+        return value
     }
+
+    /// A status a redirect is followed on (with a Location): a 3xx other
+    /// than 304, by libcurl and by `nextHop` alike.
+    static func followsStatus(_ status: Int) -> Bool { (300..<400).contains(status) && status != 304 }
 
     /// A field value: surrounding whitespace trimmed, a bare CR written as
     /// a space (RFC 9110 §5.5).
