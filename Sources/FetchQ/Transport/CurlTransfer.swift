@@ -632,7 +632,7 @@ final class CurlTransfer: @unchecked Sendable {
             if redirects > 0 {
                 var at: UnsafePointer<CChar>?
                 let url = fqc_easy_getinfo_string(easy, CURLINFO_EFFECTIVE_URL, &at) == CURLE_OK && at != nil
-                    ? Self.redacted(String(cString: at!)) : nil
+                    ? URLUtilities.redactingPassword(String(cString: at!)) : nil
                 if code == CURLE_TOO_MANY_REDIRECTS && hops > 0, let url {
                     message = Self.tooManyRedirects(request.maxRedirects, after: redirects, at: url)
                 } else {
@@ -758,7 +758,7 @@ final class CurlTransfer: @unchecked Sendable {
         var at: UnsafePointer<CChar>?
         guard fqc_easy_getinfo_string(easy, CURLINFO_REDIRECT_URL, &at) == CURLE_OK, let at else { return nil }
         let target = String(cString: at)
-        let place = Self.redacted(request.url)
+        let place = URLUtilities.redactingPassword(request.url)
         // A failure here reports what was measured, as curl's do
         // (fq_result_metrics: the redirects followed before it).
         func fail(_ kind: TransportError.Kind, _ message: String, curlCode: Int = 0) -> Hop {
@@ -772,10 +772,10 @@ final class CurlTransfer: @unchecked Sendable {
         if target.utf8.contains(where: { $0 < 0x20 || $0 == 0x7F }) {
             // (libcurl: "could not be parsed" for GET and POST)
             return fail(.network, "\(place) redirects (\(status)) to a Location with a control character: "
-                + Self.escapingControls(Self.redacted(target)))
+                + Self.escapingControls(URLUtilities.redactingPassword(target)))
         }
         guard URLUtilities.hostOf(url: target) != nil else {
-            return fail(.network, "\(place) redirects (\(status)) to \(Self.redacted(target)), not an http or https URL with a host")
+            return fail(.network, "\(place) redirects (\(status)) to \(URLUtilities.redactingPassword(target)), not an http or https URL with a host")
         }
         let spent = spentMs()
         if request.timeoutMs > 0 && spent >= request.timeoutMs {
@@ -879,14 +879,6 @@ final class CurlTransfer: @unchecked Sendable {
             }
         }
         return out
-    }
-
-    /// The URL with any user:password hidden, for messages.
-    static func redacted(_ url: String) -> String {
-        guard let scheme = url.firstRange(of: "://") else { return url }
-        let authorityEnd = url[scheme.upperBound...].firstIndex { $0 == "/" || $0 == "?" || $0 == "#" } ?? url.endIndex
-        guard let at = url[scheme.upperBound..<authorityEnd].lastIndex(of: "@") else { return url }
-        return String(url[..<scheme.upperBound]) + "***" + String(url[at...])
     }
 }
 

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import threading
 import time
+import urllib.parse
 from typing import Any, Dict, List, Tuple
 
 import pytest
@@ -325,6 +326,22 @@ def test_a_password_in_the_url_is_not_shown_in_messages(net_engine: fetchq.Engin
             net_engine.queue("n").get(url).result(timeout=TIMEOUT)
         assert "T0KEN" not in str(info.value)
         assert "http://***@127.0.0.1:1/x" in str(info.value), str(info.value)
+
+
+def test_a_password_in_a_redirect_is_not_shown_in_messages(server: Server, net_engine: fetchq.Engine) -> None:
+    """fetchq follows a POST's redirects itself; its messages hide the
+    passwords of the URL and of the Location as every other message does
+    (user name kept, password ***)."""
+    target = "ftp://bob:pw123@127.0.0.1:1/y"
+    url = server.url("/redirect-to?url=" + urllib.parse.quote(target, safe=""))
+    url = url.replace("http://", "http://alice:s3cret@", 1)
+    with pytest.raises(fetchq.NetworkError) as info:
+        net_engine.queue("n").request("POST", url, data=b"x").result(timeout=TIMEOUT)
+    message = str(info.value)
+    # (the request's own query names the Location percent-encoded)
+    assert "s3cret" not in message and "bob:pw123@" not in message, message
+    assert "http://alice:***@127.0.0.1:" in message, message
+    assert "to ftp://bob:***@127.0.0.1:1/y, not an http or https URL" in message, message
 
 
 def test_a_search_query_of_dots_stays_one_path_segment(server: Server) -> None:
