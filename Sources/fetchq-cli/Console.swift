@@ -21,7 +21,7 @@ final class Console: Sendable {
     /// One JSON value as a line on stdout. After a line could not be
     /// written, the others are not tried, and `onWriteError` runs once.
     func result(_ line: String) {
-        var bytes = Array(line.utf8)
+        var bytes = Self.escapingLineSeparators(line)
         bytes.append(10)
         let failed: (@Sendable () -> Void)? = state.withLock { s in
             guard s.writeError == 0 else { return nil }
@@ -34,6 +34,30 @@ final class Console: Sendable {
             return s.onWriteError
         }
         failed?()
+    }
+
+    /// JSON text's UTF-8 with U+2028 and U+2029 written `\u2028` and
+    /// `\u2029`: valid JSON either way, but tools that split text into lines
+    /// by Unicode's rules (Python's `splitlines`, older JavaScript) would
+    /// break a result line at them. In JSON text those characters can only
+    /// be inside strings, where the escape means the same character.
+    static func escapingLineSeparators(_ json: String) -> [UInt8] {
+        let bytes = Array(json.utf8)
+        guard bytes.contains(0xE2) else { return bytes }
+        var out: [UInt8] = []
+        out.reserveCapacity(bytes.count + 8)
+        var i = 0
+        while i < bytes.count {
+            if bytes[i] == 0xE2, i + 2 < bytes.count, bytes[i + 1] == 0x80,
+               bytes[i + 2] == 0xA8 || bytes[i + 2] == 0xA9 {
+                out += Array((bytes[i + 2] == 0xA8 ? "\\u2028" : "\\u2029").utf8)
+                i += 3
+            } else {
+                out.append(bytes[i])
+                i += 1
+            }
+        }
+        return out
     }
 
     /// The errno of the first result line that could not be written, or 0.
