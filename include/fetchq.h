@@ -919,6 +919,19 @@ int fq_set_priority(fq_engine *engine, fq_op_id id, int priority);
  * and it ages from then, as one submitted with "depends_on" would. */
 int fq_add_dependency(fq_engine *engine, fq_op_id op, fq_op_id dep);
 
+/* Makes `op` no longer wait for `dep` (like NSOperation's removeDependency):
+ * a dependency given with "depends_on" or fq_add_dependency. `op` must not
+ * have started (FQ_ERR_STATE). An unfinished `dep` no longer holds `op` back
+ * (and its failure no longer cancels `op`); a `dep` that already succeeded no
+ * longer passes its result (fq_op_dependency_result). An operation left waiting
+ * for nothing is ready at once, behind those that became ready before it,
+ * and ages from then. For a search-all, its queries waiting for `dep` no
+ * longer do either. FQ_ERR_NOT_FOUND for an unknown id or when `op` does
+ * not depend on `dep`; FQ_ERR_STATE for what is not a dependency of its own:
+ * the wait for a barrier of its queue, a search-all's own queries, a
+ * coalesced GET that shares another operation's transfer. */
+int fq_remove_dependency(fq_engine *engine, fq_op_id op, fq_op_id dep);
+
 /* ------------------------------------------------------------------ */
 /* Results (inside a completion callback)                               */
 /* ------------------------------------------------------------------ */

@@ -143,6 +143,12 @@ public func fq_add_dependency(_ handle: OpaquePointer?, _ id: fq_op_id, _ dep: f
 }
 
 @c @implementation
+public func fq_remove_dependency(_ handle: OpaquePointer?, _ id: fq_op_id, _ dep: fq_op_id) -> Int32 {
+    guard let e = engine(handle) else { return fail(nullHandle) }
+    return status { () throws(FetchQError) in try e.removeDependency(id, on: dep) }
+}
+
+@c @implementation
 public func fq_engine_set_log_fn(_ handle: OpaquePointer?, _ fn: fq_log_fn?, _ userdata: UnsafeMutableRawPointer?) -> Int32 {
     guard let e = engine(handle) else { return fail(nullHandle) }
     let ud = UserData(pointer: userdata)

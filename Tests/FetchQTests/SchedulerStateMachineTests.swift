@@ -437,6 +437,83 @@ import Testing
         #expect(cycles > 100 && added > 100)
     }
 
+    @Test(arguments: [false, true])
+    func removeDependencyKeepsEveryWaitRightAgainstAReferenceGraph(withBarriers: Bool) {
+        // Random additions and removals of dependencies among 150 waiting
+        // operations, each answer compared with the test's own copy of the
+        // edges; then everything runs, and each operation must start only
+        // after all it still waits for has finished, and all must start.
+        var m = Machine()
+        var rng = SplitMix(seed: withBarriers ? 11 : 5)
+        let queues = (0..<3).map { m.addQueue(name: "q\($0)", maxConcurrent: 1) }
+        for q in queues { _ = m.setSuspended(q, true, now: 0) }
+        var ids: [OpID] = []
+        var strict: [OpID: Set<OpID>] = [:]  // added with addDependency
+        var order: [OpID: Set<OpID>] = [:]   // a barrier's waits
+        var inQueue: [[OpID]] = [[], [], []]
+        var openBarrier: [OpID?] = [nil, nil, nil]
+        for i in 0..<150 {
+            let qi = i % 3
+            let isBarrier = withBarriers && i % 50 == 25
+            let (id, _) = submit(&m, queues[qi], barrier: isBarrier)
+            order[id] = isBarrier ? Set(inQueue[qi]) : (openBarrier[qi].map { [$0] } ?? [])
+            if isBarrier { openBarrier[qi] = id }
+            strict[id] = []
+            inQueue[qi].append(id)
+            ids.append(id)
+        }
+        func waits(_ x: OpID) -> Set<OpID> { strict[x]!.union(order[x]!) }
+        func reaches(_ from: OpID, _ to: OpID) -> Bool {
+            var stack = [from], seen: Set<OpID> = [from]
+            while let x = stack.popLast() {
+                if x == to { return true }
+                for y in waits(x) where seen.insert(y).inserted { stack.append(y) }
+            }
+            return false
+        }
+        var removed = 0, refused = 0, added = 0
+        for _ in 0..<3_000 {
+            var a = ids[Int(rng.next() % UInt64(ids.count))], b = ids[Int(rng.next() % UInt64(ids.count))]
+            let choice = rng.next() % 3
+            if choice == 0, let edge = strict.first(where: { !$0.value.isEmpty && rng.next() % 8 == 0 }) {
+                a = edge.key  // an edge it has (else a random pair, most of them not)
+                b = edge.value.first!
+            }
+            guard a != b else { continue }
+            if choice < 2 {
+                switch m.removeDependency(a, on: b, now: 0) {
+                case .success(let actions):
+                    #expect(strict[a]!.contains(b), "\(a) on \(b) removed, but it was no dependency")
+                    #expect(actions.isEmpty)  // (every queue is suspended)
+                    strict[a]!.remove(b)
+                    removed += 1
+                case .failure(let e):
+                    let want: FQStatus = order[a]!.contains(b) ? .state : .notFound
+                    #expect(!strict[a]!.contains(b) && e.status == want, "\(a) on \(b): \(e.message)")
+                    refused += 1
+                }
+            } else if case .success = m.addDependency(a, on: b, now: 0) {
+                #expect(!reaches(b, a), "\(a) on \(b) was accepted, but \(b) waits for \(a)")
+                strict[a]!.insert(b)
+                added += 1
+            }
+        }
+        #expect(removed > 100 && refused > 100 && added > 100, "\(removed) \(refused) \(added)")
+        var finished: Set<OpID> = []
+        var running: [OpID] = []
+        for q in queues { running += started(m.setSuspended(q, false, now: 0)) }
+        var steps = 0
+        while let id = running.first, steps < 1_000 {
+            steps += 1
+            running.removeFirst()
+            #expect(waits(id).isSubset(of: finished), "\(id) started before \(waits(id).subtracting(finished))")
+            finished.insert(id)
+            running += started(m.finished(id, .succeeded, payload: nil, now: 0))
+        }
+        #expect(finished.count == ids.count)
+        #expect(m.liveCount == 0)
+    }
+
     @Test func longFailureChainDoesNotRecurse() {
         var m = Machine(config: .init(agingNanos: 0, maxPerHost: 6, history: 0))
         let q = m.addQueue(name: "q", maxConcurrent: 1)

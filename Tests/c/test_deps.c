@@ -476,3 +476,121 @@ TEST(fq_state_follows_an_operation_from_submit_to_end) {
     fq_queue_free(q);
     fqt_engine_free(e);
 }
+
+/* Records in r->tag whether dependency r->dep's value was handed over
+ * (1) or not (0), and the value of fq_op_dependency() too (2 when both). */
+static json_t *body_sees_dep(fq_op *op, void *userdata) {
+    rec *r = userdata;
+    atomic_fetch_add(&r->body_runs, 1);
+    atomic_store(&r->start_seq, fqt_seq());
+    r->tag = (fq_op_dependency_result(op, r->dep) != NULL) + (fq_op_dependency(op, r->dep) != NULL);
+    atomic_store(&r->end_seq, fqt_seq());
+    return NULL;
+}
+
+TEST(remove_dependency_lets_an_operation_go_without_it) {
+    fq_engine *e = fqt_engine(NULL);
+    fq_queue *held = fqt_queue(e, "held", 2);
+    fq_queue *q = fqt_queue(e, "q", 2);
+    CHECK_OK(fq_queue_set_suspended(held, true));
+    rec ra = {0}, rb = {0}, rf = {0}, rc = {0}, rdone = {0}, rd = {0};
+    fq_op_id a = fqt_block(held, body_n1, NULL, rec_done, &ra);
+    fq_op_id f = fqt_block(held, body_fail_boom, NULL, rec_done, &rf);
+    REQUIRE(a > 0 && f > 0);
+
+    /* b waits for a (held): removed, it runs while a still waits */
+    fq_op_id b = fqt_block(q, body_tag, deps_opts(a, 0), rec_done, &rb);
+    REQUIRE(b > 0);
+    CHECK_EQ_INT(fq_queue_wait(q, 100), FQ_ERR_TIMEOUT);
+    CHECK_EQ_INT(fq_state(e, b), FQ_STATE_WAITING);
+    CHECK_OK(fq_remove_dependency(e, b, a));
+    CHECK_OK(fq_wait(e, b, FQT_LONG_MS));
+    CHECK_EQ_INT(rb.outcome, FQ_SUCCEEDED);
+    CHECK_EQ_INT(atomic_load(&rb.body_runs), 1);
+    CHECK_EQ_INT(fq_state(e, a), FQ_STATE_READY);
+    /* removed again: not (any longer) a dependency; b has finished anyway */
+    CHECK_EQ_INT(fq_remove_dependency(e, b, a), FQ_ERR_STATE);
+    CHECK_CONTAINS(fq_last_error(), "finished");
+
+    /* c waits for f (which will fail) and a: without f, f's failure no
+     * longer cancels it; it still waits for a */
+    fq_op_id c = fqt_block(q, body_tag, deps_opts(f, a), rec_done, &rc);
+    REQUIRE(c > 0);
+    CHECK_OK(fq_remove_dependency(e, c, f));
+    CHECK_EQ_INT(fq_remove_dependency(e, c, f), FQ_ERR_NOT_FOUND);
+    CHECK_CONTAINS(fq_last_error(), "does not depend on");
+    CHECK_EQ_INT(fq_state(e, c), FQ_STATE_WAITING);
+
+    /* a finished dependency: its value is no longer handed over */
+    fq_op_id done = fqt_block(q, body_n1, NULL, rec_done, &rdone);
+    REQUIRE(done > 0);
+    CHECK_OK(fq_wait(e, done, FQT_LONG_MS));
+    rd.dep = done;
+    fq_op_id d = fqt_block(q, body_sees_dep, deps_opts(done, a), rec_done, &rd);
+    REQUIRE(d > 0);
+    CHECK_OK(fq_remove_dependency(e, d, done));
+
+    CHECK_OK(fq_queue_set_suspended(held, false));
+    CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));
+    CHECK_EQ_INT(ra.outcome, FQ_SUCCEEDED);
+    CHECK_EQ_INT(rf.outcome, FQ_FAILED);
+    CHECK_EQ_INT(rc.outcome, FQ_SUCCEEDED);
+    CHECK(atomic_load(&rc.start_seq) > atomic_load(&ra.end_seq)); /* still waited for a */
+    CHECK(atomic_load(&rb.end_seq) < atomic_load(&ra.start_seq));
+    CHECK_EQ_INT(rd.outcome, FQ_SUCCEEDED);
+    CHECK_EQ_INT(rd.tag, 0);
+    CHECK(atomic_load(&rd.start_seq) > atomic_load(&ra.end_seq));
+    rec *all[] = {&ra, &rb, &rf, &rc, &rdone, &rd};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        CHECK_EQ_INT(atomic_load(&all[i]->calls), 1);
+        rec_clear(all[i]);
+    }
+    fqt_engine_free(e);
+}
+
+TEST(remove_dependency_refuses_what_is_not_a_dependency_of_its_own) {
+    fq_engine *e = fqt_engine(NULL);
+    fq_queue *q = fqt_queue(e, "q", 1);
+    fq_queue *q2 = fqt_queue(e, "q2", 1);
+    CHECK_OK(fq_queue_set_suspended(q, true));
+    CHECK_OK(fq_queue_set_suspended(q2, true));
+    rec ra = {0}, rbar = {0}, rc = {0}, rx = {0}, ry = {0};
+    fq_op_id a = fqt_block(q, body_tag, NULL, rec_done, &ra);
+    fq_op_id bar = fqt_block(q, body_tag, "{\"barrier\": true}", rec_done, &rbar);
+    fq_op_id c = fqt_block(q, body_tag, NULL, rec_done, &rc);
+    fq_op_id x = fqt_block(q2, body_tag, NULL, rec_done, &rx);
+    REQUIRE(a > 0 && bar > 0 && c > 0 && x > 0);
+
+    CHECK_EQ_INT(fq_remove_dependency(e, c, bar), FQ_ERR_STATE); /* a barrier's wait */
+    CHECK_CONTAINS(fq_last_error(), "barrier");
+    CHECK_EQ_INT(fq_remove_dependency(e, bar, a), FQ_ERR_STATE);
+    CHECK_EQ_INT(fq_remove_dependency(e, x, a), FQ_ERR_NOT_FOUND); /* no edge */
+    CHECK_EQ_INT(fq_remove_dependency(e, 987654321, a), FQ_ERR_NOT_FOUND);
+    CHECK_EQ_INT(fq_remove_dependency(e, x, 987654321), FQ_ERR_NOT_FOUND);
+    CHECK_EQ_INT(fq_remove_dependency(e, x, x), FQ_ERR_NOT_FOUND);
+    CHECK_EQ_INT(fq_remove_dependency(NULL, x, a), FQ_ERR_INVALID);
+
+    /* added, then removed: the cycle check sees the edge gone */
+    CHECK_OK(fq_add_dependency(e, x, c));
+    CHECK_EQ_INT(fq_add_dependency(e, a, x), FQ_ERR_CYCLE);
+    CHECK_OK(fq_remove_dependency(e, x, c));
+    CHECK_OK(fq_add_dependency(e, a, x)); /* a now waits for x */
+    CHECK_EQ_INT(fq_state(e, a), FQ_STATE_WAITING);
+
+    /* a running operation: too late */
+    CHECK_OK(fq_queue_set_suspended(q2, false));
+    CHECK_OK(fq_wait(e, x, FQT_LONG_MS));
+    fq_op_id y = fqt_block(q2, body_tag, deps_opts(c, 0), rec_done, &ry);
+    REQUIRE(y > 0);
+    CHECK_OK(fq_queue_set_suspended(q, false));
+    CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));
+    CHECK_EQ_INT(fq_remove_dependency(e, y, c), FQ_ERR_STATE);
+    CHECK(atomic_load(&rx.end_seq) < atomic_load(&ra.start_seq));
+    rec *all[] = {&ra, &rbar, &rc, &rx, &ry};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        CHECK_EQ_INT(all[i]->outcome, FQ_SUCCEEDED);
+        CHECK_EQ_INT(atomic_load(&all[i]->calls), 1);
+        rec_clear(all[i]);
+    }
+    fqt_engine_free(e);
+}

@@ -261,6 +261,12 @@ public final class Engine: @unchecked Sendable {
         return state
     }
 
+    /// `id` no longer waits for `dep` (NSOperation.removeDependency; see
+    /// `Scheduler.removeDependency`).
+    public func removeDependency(_ id: OpID, on dep: OpID) throws(FetchQError) {
+        try runThrowing { $0.removeDependency(id, on: dep, now: monotonicNanos()) }
+    }
+
     public func addDependency(_ id: OpID, on dep: OpID) throws(FetchQError) {
         lockEngine()
         // Read before: a dependency that already failed ends the operation

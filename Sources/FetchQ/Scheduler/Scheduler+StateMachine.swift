@@ -211,6 +211,9 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         var movedSeq: UInt64 = 0
         /// An internal carrier: the callers whose transfer it carries.
         var carried: [OpID] = []
+        /// A fan-in (search-all): the operations it collects, which
+        /// `removeDependency` leaves alone.
+        var collects: [OpID] = []
     }
 
     struct Counters {
@@ -691,6 +694,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         if spec.isInternal && !spec.carried.isEmpty {
             linkTable[linksIndex(s)].carried = spec.carried  // for `settle`'s re-linking
         }
+        if !spec.collects.isEmpty { linkTable[linksIndex(s)].collects = spec.collects }
         for dep in spec.collects {
             if let d = liveSlot(dep) {
                 link(s, after: d, edge: .collect)
@@ -922,6 +926,75 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
             schedule(now: now, into: &actions)
         }
         return .success(actions)
+    }
+
+    /// Makes `id` no longer wait for `dep` (NSOperation.removeDependency):
+    /// a dependency given with "depends_on" or `addDependency`, unfinished
+    /// or finished (then its result is no longer passed to `id`). An
+    /// operation left waiting for nothing is ready, from now, behind those
+    /// ready before it. For a search-all, its queries that wait for `dep`
+    /// (they were submitted with its "depends_on") no longer do either. A
+    /// barrier's wait and a search-all's queries are not dependencies that
+    /// can be removed.
+    mutating func removeDependency(_ id: OpID, on dep: OpID, now: UInt64) -> Result<[Action], FetchQError> {
+        guard let s = liveSlot(id) else {
+            if finishedSlot(id) != nil {
+                return .failure(FetchQError(.state, "operation \(id) has already finished"))
+            }
+            return .failure(FetchQError(.notFound, Self.unknownMessage(id, nextOpID: nextOpID, history: config.history)))
+        }
+        let state = slots[s].state
+        guard state == .waiting || state == .ready else {
+            if state == .attached {
+                return .failure(FetchQError(.state, "operation \(id) shares another operation's transfer (option \"coalesce\"): it has no dependencies of its own"))
+            }
+            return .failure(FetchQError(.state, "operation \(id) has already started"))
+        }
+        let l = slots[s].links
+        guard l >= 0, linkTable[Int(l)].dependencies.contains(dep) else {
+            if let d = liveSlot(dep), slots[d].links >= 0,
+               linkTable[Int(slots[d].links)].dependents.contains(where: { $0.id == id && $0.edge == .order }) {
+                let why = slots[d].isBarrier ? "\(dep) is a barrier of its queue" : "\(id) is a barrier of its queue"
+                return .failure(FetchQError(.state, "operation \(id) waits for operation \(dep) because \(why): a barrier's wait cannot be removed"))
+            }
+            return .failure(FetchQError(.notFound, "operation \(id) does not depend on operation \(dep)"))
+        }
+        let queries = linkTable[Int(l)].collects
+        if queries.contains(dep) {
+            return .failure(FetchQError(.state, "operation \(dep) is a query of search-all \(id): it cannot be removed"))
+        }
+        var readied = false
+        for query in queries {
+            if let q = liveSlot(query), slots[q].state == .waiting { readied = unlink(q, from: dep, now: now) || readied }
+        }
+        readied = unlink(s, from: dep, now: now) || readied
+        var actions: [Action] = []
+        if readied { schedule(now: now, into: &actions) }
+        return .success(actions)
+    }
+
+    /// Removes the strict edge from slot `s` (waiting or ready) to `dep`, if
+    /// it has one; true when that made it ready.
+    private mutating func unlink(_ s: Int, from dep: OpID, now: UInt64) -> Bool {
+        guard slots[s].links >= 0 else { return false }
+        let l = Int(slots[s].links)
+        guard let at = linkTable[l].dependencies.firstIndex(of: dep) else { return false }
+        linkTable[l].dependencies.remove(at: at)
+        guard let d = liveSlot(dep) else {
+            // Finished (it succeeded, or `s` would have ended with it): its
+            // result is no longer handed over.
+            linkTable[l].dependencyPayloads.removeAll { $0.id == dep }
+            return false
+        }
+        let ld = Int(slots[d].links)  // (`link` made one)
+        guard let edge = linkTable[ld].dependents.firstIndex(where: { $0.id == slots[s].id && $0.edge == .strict }) else {
+            return false
+        }
+        linkTable[ld].dependents.remove(at: edge)
+        slots[s].waitingOn -= 1
+        guard slots[s].waitingOn == 0 && slots[s].state == .waiting else { return false }
+        makeReady(s, now: now)
+        return true
     }
 
     /// Whether `waiter` waits, directly or through others, for `target`.

@@ -31,7 +31,7 @@ API
     by the binding). Context manager; ``close()``, ``queue(name,
     max_concurrent=None)`` (default 4; the same name returns the same queue),
     ``cancel(fut_or_id)``, ``cancel_group(tag)``, ``cancel_all()``,
-    ``set_priority(fut_or_id, p)``, ``add_dependency(op, dep)``, ``stats()``,
+    ``set_priority(fut_or_id, p)``, ``add_dependency(op, dep)``, ``remove_dependency(op, dep)``, ``stats()``,
     ``wait_idle(timeout)``.
 ``AsyncEngine(**config)``
     Poll delivery driven by ``loop.add_reader(engine.event_fd, ...)``. Same

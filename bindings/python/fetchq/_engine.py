@@ -1964,6 +1964,13 @@ class _EngineBase:
         self._core.call(self._core.lib.fq_add_dependency,
                         self._core.op_id_of(op), self._core.op_id_of(dep))
 
+    def remove_dependency(self, op: OpRef, dep: OpRef) -> None:
+        """Makes ``op`` (not started yet) no longer wait for ``dep``
+        (fq_remove_dependency): ``NotFound`` when it does not depend on it,
+        ``StateError`` once it started or for a barrier's wait."""
+        self._core.call(self._core.lib.fq_remove_dependency,
+                        self._core.op_id_of(op), self._core.op_id_of(dep))
+
     def stats(self) -> Dict[str, Any]:
         """The engine's counters (see fq_engine_stats)."""
         ptr = self._core.call(self._core.lib.fq_engine_stats)

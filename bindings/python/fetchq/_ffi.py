@@ -242,6 +242,7 @@ FUNCTIONS: List[_Decl] = [
     ("fq_cancel_all", c_int, [EngineP], _check_status),
     ("fq_set_priority", c_int, [EngineP, c_int64, c_int], _check_status),
     ("fq_add_dependency", c_int, [EngineP, c_int64, c_int64], _check_status),
+    ("fq_remove_dependency", c_int, [EngineP, c_int64, c_int64], _check_status),
     # Results (inside a completion callback)
     ("fq_result_op_id", c_int64, [c_void_p], None),
     ("fq_result_outcome", c_int, [c_void_p], None),

@@ -285,6 +285,29 @@ def test_add_dependency_and_cycles(engine: fetchq.Engine) -> None:
     assert order == ["b", "a"]
 
 
+def test_remove_dependency(engine: fetchq.Engine) -> None:
+    held = engine.queue("held", max_concurrent=1)
+    held.suspend()
+    a = held.submit(lambda: "a")
+    q = engine.queue("free", max_concurrent=1)
+    b = q.submit(lambda: "b", depends_on=[a])
+    with pytest.raises(cf.TimeoutError):
+        b.result(timeout=0.1)
+    assert engine.state(b) == "waiting"
+    engine.remove_dependency(b, a)
+    assert b.result(timeout=TIMEOUT) == "b"
+    assert engine.state(a) == "ready"
+    with pytest.raises(fetchq.StateError, match="finished"):
+        engine.remove_dependency(b, a)
+    c = q.submit(lambda op: op.dependency_result(b), pass_op=True, depends_on=[b, a])
+    engine.remove_dependency(c, b)       # finished: its value is no longer passed
+    with pytest.raises(fetchq.NotFound, match="does not depend on"):
+        engine.remove_dependency(c, b)
+    held.resume()
+    assert c.result(timeout=TIMEOUT) is None
+    assert a.result(timeout=TIMEOUT) == "a"
+
+
 def test_state_follows_an_operation(engine: fetchq.Engine) -> None:
     q = engine.queue("states", max_concurrent=1)
     started, release = threading.Event(), threading.Event()

@@ -384,7 +384,7 @@ def test_futures_and_queues_have_types() -> None:
         assert typing.get_type_hints(error.__init__)["response"] == typing.Optional[fetchq.Response], error
     # an operation reference: an id, or a future of any value
     op_ref = typing.Union[int, fetchq.Future[Any], fetchq.AsyncFuture[Any]]
-    for method in ("cancel", "set_priority", "add_dependency"):
+    for method in ("cancel", "set_priority", "add_dependency", "remove_dependency"):
         assert typing.get_type_hints(getattr(fetchq.Engine, method))["op"] == op_ref, method
 
 

@@ -637,6 +637,23 @@ def test_search_all_merges_dedupes_and_sorts(net_engine: fetchq.Engine, server: 
     assert all(c[1] == "succeeded" and c[2] is False for c in children)
 
 
+def test_remove_dependency_of_a_search_all_lets_its_queries_go(net_engine: fetchq.Engine) -> None:
+    held = net_engine.queue("sa-held", max_concurrent=1)
+    held.suspend()
+    a = held.submit(lambda: "a")
+    q = net_engine.queue("sa-dep", max_concurrent=2)
+    f = q.search_all(["go", "c"], depends_on=[a])
+    with pytest.raises(cf.TimeoutError):   # its queries wait for a too
+        f.result(timeout=0.2)
+    net_engine.remove_dependency(f, a)
+    res = f.result(timeout=TIMEOUT)
+    assert res["count"] > 0 and set(res["queries"]) == {"go", "c"}
+    assert all(v["count"] > 0 for v in res["queries"].values()), res["queries"]
+    assert net_engine.state(a) == "ready"
+    held.resume()
+    assert a.result(timeout=TIMEOUT) == "a"
+
+
 def test_search_all_partial_and_fail_fast(net_engine: fetchq.Engine) -> None:
     q = net_engine.queue("sa")
     res = q.search_all(["go", "__fail"]).result(timeout=TIMEOUT)
