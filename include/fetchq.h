@@ -781,8 +781,10 @@ int fq_engine_set_event_fn(fq_engine *engine, fq_event_fn fn, void *userdata);
 
 fq_op_id fq_event_op_id(const fq_event *event);
 fq_event_type fq_event_get_type(const fq_event *event);
-/* FQ_EVENT_PROGRESS: bytes received so far and expected in all (0 when the
- * server did not say). Either pointer may be NULL. Events are throttled by
+/* FQ_EVENT_PROGRESS: bytes of the body received so far (decoded, if it was
+ * gzip: never fewer than the event before) and expected in all (0 when the
+ * server did not say, and for a body with a Content-Encoding, whose
+ * Content-Length counts the encoded bytes). Either pointer may be NULL. Events are throttled by
  * "progress_interval_ms"; a successful transfer's last event always has
  * received == the body's size (an empty body has that one event, 0 and 0). */
 int fq_event_progress(const fq_event *event, uint64_t *received, uint64_t *expected);

@@ -24,6 +24,7 @@ import email.utils
 import gzip
 import json
 import os
+import random
 import signal
 import socket
 import ssl
@@ -733,6 +734,13 @@ class Routes:
         return Response(204, b"", None)
 
     def gzip(self, conn, req):
+        # random=N: N bytes that do not compress (the same ones each time),
+        # gzip-encoded: more bytes sent than the body has once decoded.
+        n = qint(req.query, "random", 0, 0, 64 * 1024 * 1024)
+        if n:
+            data = random.Random(n).randbytes(n)
+            return Response(200, gzip.compress(data, mtime=0), "application/octet-stream",
+                            [("Content-Encoding", "gzip")])
         return Response(200, self.gzip_body, JSON, [("Content-Encoding", "gzip")])
 
     def bad_gzip(self, conn, req):

@@ -554,21 +554,28 @@ final class CurlTransfer: @unchecked Sendable {
             capExceeded = true
             return false
         }
-        if progress != nil { reportProgress(total: total, now: now) }
+        if progress != nil { reportProgress(total: total) }
         return true
     }
 
-    fileprivate func reportProgress(total: curl_off_t, now: curl_off_t) {
-        guard let progress, now > 0, !bodyIsARedirects else { return }
-        let received = UInt64(now)
+    /// Progress counts the body as the write callback gets it, decoded, as
+    /// the last event (the body's size) does; curl's own count is of the
+    /// bytes as sent. Content-Length counts those too, so with a
+    /// Content-Encoding the size to expect is not known (0): a gzip body's
+    /// events went up to its encoded size and then to its decoded one,
+    /// down when it was smaller decoded (the ninth review).
+    fileprivate func reportProgress(total: curl_off_t) {
+        guard let progress, !body.isEmpty, !bodyIsARedirects else { return }
+        let received = UInt64(body.count)
         if let last = lastProgressReceived, received <= last { return }
+        let expected: UInt64 = total > 0 && !isContentEncoded ? UInt64(total) : 0
         let clock = Self.monotonicNs()
-        let done = total > 0 && now >= total
+        let done = expected > 0 && received >= expected
         let interval = UInt64(request.progressIntervalMs) * 1_000_000
         if !done, lastProgressReceived != nil, clock &- lastProgressNs < interval { return }
         lastProgressNs = clock
         lastProgressReceived = received
-        progress(received, total > 0 ? UInt64(total) : 0)
+        progress(received, expected)
     }
 
     private static func monotonicNs() -> UInt64 {

@@ -413,11 +413,30 @@ def test_progress_unknown_length_is_none(net_engine: fetchq.Engine, server: Serv
     r = net_engine.queue("p").get(server.url("/bytes?n=300000&chunked=1"),
                                   progress=lambda a, b: events.append((a, b))).result(timeout=TIMEOUT)
     assert len(r.body) == 300000
-    # events are throttled (progress_interval_ms, default 100): the last one
-    # need not report the total
+    # events are throttled (progress_interval_ms, default 100), but the last
+    # one reports the total
     received = [e[0] for e in events]
-    assert events and received == sorted(received) and received[-1] <= 300000
+    assert events and received == sorted(received) and received[-1] == 300000
     assert all(e[1] is None for e in events)
+
+
+@pytest.mark.parametrize("path", ["/gzip", "/gzip?random=300000"])
+def test_progress_of_a_gzip_body_counts_it_decoded(net_engine: fetchq.Engine, server: Server, path: str) -> None:
+    """Content-Length counts the encoded bytes, the body is decoded: the
+    events count the body decoded, never go down, and expect no size (the
+    decoded one is not known). They went up to the encoded size, then to
+    the decoded one (down, when it was smaller)."""
+    events: List[Tuple[int, Any]] = []
+    r = net_engine.queue("p").get(server.url(path), progress=lambda a, b: events.append((a, b)),
+                                  progress_interval_ms=0).result(timeout=TIMEOUT)
+    with urllib.request.urlopen(server.url(path), timeout=TIMEOUT) as raw:  # (urllib does not decode)
+        wire = raw.read()
+    assert r.headers.get("content-encoding") == "gzip" and r.body == gzip.decompress(wire)
+    # the random bytes are larger encoded, the JSON document smaller
+    assert (len(wire) > len(r.body)) == ("random" in path)
+    received = [e[0] for e in events]
+    assert received and received == sorted(received) and received[-1] == len(r.body), received[-5:]
+    assert all(e[1] is None for e in events), events[-5:]
 
 
 @pytest.mark.parametrize("status", [307, 300])
