@@ -193,7 +193,17 @@ public final class Operation: @unchecked Sendable {
         guard claimFinish() else {
             throw FetchQError(.state, "operation \(id) was already finished")
         }
-        engine.bodyEnded(self, value: value, error: error)
+        // Any thread may finish an async operation while another frees the
+        // engine: once the callback has run (on another thread), the free
+        // may go on while this thread is still on its way out of
+        // `bodyEnded`, after the lock. The references taken here keep the
+        // engine and the operation until then (the ninth review's reading;
+        // the release build already took one for the call, which nothing
+        // promised; a worker needs none: the engine joins its workers first).
+        let engine: Engine = self.engine
+        withExtendedLifetime((self, engine)) {
+            _ = engine.bodyEnded(self, value: value, error: error)
+        }
     }
 
     /// The value of a dependency named in depends_on, or nil.
