@@ -1,3 +1,4 @@
+import FetchQ
 import Glibc
 import Synchronization
 
@@ -18,10 +19,12 @@ final class Console: Sendable {
     /// before writing a result line too.
     private let stdoutIsTTY = isatty(1) == 1
 
-    /// One JSON value as a line on stdout. After a line could not be
-    /// written, the others are not tried, and `onWriteError` runs once.
-    func result(_ line: String) {
-        var bytes = Self.escapingLineSeparators(line)
+    /// One JSON value as a line on stdout (`JSONRef.lineBytes`: reals in
+    /// their shortest form, U+2028 and U+2029 escaped). After a line could
+    /// not be written, the others are not tried, and `onWriteError` runs once.
+    func result(_ value: JSONRef) {
+        // (nil only for a cycle, which no result has: jansson's text then)
+        var bytes = value.lineBytes ?? Array(value.dumps().utf8)
         bytes.append(10)
         let failed: (@Sendable () -> Void)? = state.withLock { s in
             guard s.writeError == 0 else { return nil }
@@ -34,30 +37,6 @@ final class Console: Sendable {
             return s.onWriteError
         }
         failed?()
-    }
-
-    /// JSON text's UTF-8 with U+2028 and U+2029 written `\u2028` and
-    /// `\u2029`: valid JSON either way, but tools that split text into lines
-    /// by Unicode's rules (Python's `splitlines`, older JavaScript) would
-    /// break a result line at them. In JSON text those characters can only
-    /// be inside strings, where the escape means the same character.
-    static func escapingLineSeparators(_ json: String) -> [UInt8] {
-        let bytes = Array(json.utf8)
-        guard bytes.contains(0xE2) else { return bytes }
-        var out: [UInt8] = []
-        out.reserveCapacity(bytes.count + 8)
-        var i = 0
-        while i < bytes.count {
-            if bytes[i] == 0xE2, i + 2 < bytes.count, bytes[i + 1] == 0x80,
-               bytes[i + 2] == 0xA8 || bytes[i + 2] == 0xA9 {
-                out += Array((bytes[i + 2] == 0xA8 ? "\\u2028" : "\\u2029").utf8)
-                i += 3
-            } else {
-                out.append(bytes[i])
-                i += 1
-            }
-        }
-        return out
     }
 
     /// The errno of the first result line that could not be written, or 0.

@@ -174,7 +174,7 @@ func runRequests(method: String, body: JSONRef?, contentType: String?, urls: [St
         if let body { request.set("body", body) }
         let completion: Completion = { result in
             guard session.ended(result, label: "\(method) \(URLUtilities.redactingPassword(url))") else { return }
-            session.console.result(responseLine(method: method, url: url, result, include: include).dumps())
+            session.console.result(responseLine(method: method, url: url, result, include: include))
         }
         submits.append { engine, queue in
             try withExtendedLifetime((request, options)) {

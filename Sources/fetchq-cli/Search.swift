@@ -89,7 +89,7 @@ struct Search: ParsableCommand {
                 line.set("query", .string(query))
                 line.set("count", value["count"] ?? .integer(0))
                 line.set("items", value["items"] ?? .array())
-                session.console.result(line.dumps())
+                session.console.result(line)
             }
             submits.append { engine, queue in
                 try withExtendedLifetime(options) {
@@ -116,7 +116,7 @@ struct Search: ParsableCommand {
             var written = 0
             for item in items {
                 if session.isInterrupted { break }  // Ctrl-C while a long list is written
-                session.console.result(item.dumps())
+                session.console.result(item)
                 written += 1
             }
             // What an interrupt says from now on: the list was written whole,

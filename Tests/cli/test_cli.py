@@ -219,6 +219,16 @@ def test_line_and_paragraph_separators_are_escaped_in_result_lines(cli, server):
     assert len(got) == 1 and got[0]["json"]["query"] == {"s": "a\u2028b\u2029c"}
 
 
+def test_reals_are_written_in_their_shortest_form(cli, server):
+    # jansson writes 17 significant digits (19.99 as 19.989999999999998);
+    # the CLI writes what reads back as the same double, as the server did.
+    r = run(cli, "get", server + "/reals")
+    assert r.returncode == 0, r.stderr
+    assert (b'"json":{"price":19.99,"ratio":0.1,"tiny":1e-07,"big":1.5e+300,'
+            b'"sum":0.30000000000000004,"whole":100.0,"neg":-2.5}') in r.stdout, r.stdout
+    assert lines(r.stdout)[0]["json"] == get_json(server + "/reals")
+
+
 def test_get_include_headers_and_request_header(cli, server):
     r = run(cli, "get", "-i", "-H", "X-Probe:  yes ", server + "/echo")
     assert r.returncode == 0, r.stderr

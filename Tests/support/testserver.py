@@ -628,7 +628,7 @@ class Routes:
             "/redirect-loop": self.redirect_loop, "/redirect-to": self.redirect_to,
             "/gzip": self.gzip, "/bad-gzip": self.bad_gzip, "/bytes": self.bytes_route,
             "/deep": self.deep, "/invalid-utf8": self.invalid_utf8,
-            "/empty": self.empty, "/204": self.no_content, "/echo": self.echo,
+            "/empty": self.empty, "/204": self.no_content, "/echo": self.echo, "/reals": self.reals,
             "/flaky": self.flaky, "/retry-after": self.retry_after,
             "/etag": self.etag, "/cache": self.cache, "/stats": self.stats,
             "/stats/reset": self.stats_reset,
@@ -765,6 +765,11 @@ class Routes:
         if n in (204, 304):
             return Response(n, b"", None)
         return jresp({"status": n}, n)
+
+    def reals(self, conn, req):
+        # Numbers with a fraction or an exponent, as a server writes them.
+        return Response(200, b'{"price":19.99,"ratio":0.1,"tiny":1e-7,"big":1.5e300,'
+                             b'"sum":0.30000000000000004,"whole":100.0,"neg":-2.5}')
 
     def echo(self, conn, req):
         return jresp({
