@@ -2017,3 +2017,42 @@ TEST(http_submit_requests_batch) {
     fqt_engine_free(e);
     fqt_server_stop(&s);
 }
+
+/* The first caller of a shared GET is cancelled at a random moment while
+ * its transfer is retried: the second caller still gets the transfer's
+ * answer, retried (the ninth review found, about once in a thousand
+ * rounds each: the cancel arriving while the retry's transfer was being
+ * started aborted it, and the second caller ended cancelled; the cancel
+ * arriving while the failed attempt was being looked at ended the second
+ * caller with that attempt, not retried). */
+TEST_T(http_a_cancelled_first_callers_retried_transfer_goes_on_for_the_other, 120) {
+    fqt_server s;
+    fqt_server_start(&s, NULL);
+    fq_engine *e = fqt_engine(NULL);
+    fq_queue *q = fqt_queue(e, "q", 8);
+    const char *opts = "{\"retry\": {\"max\": 1, \"base\": 0, \"max_delay\": 0}}";
+    unsigned seed = 7;
+    char url[256];
+    int leader_cancelled = 0;
+    for (int round = 0; round < 1500; round++) {
+        snprintf(url, sizeof url, "%s/flaky?key=leader-%d&fail=1&ms=1", s.base, round);
+        netrec a, b;
+        memset(&a, 0, sizeof a);
+        memset(&b, 0, sizeof b);
+        fq_op_id ida = submit_url(q, NULL, url, opts, &a);
+        fq_op_id idb = submit_url(q, NULL, url, opts, &b);
+        REQUIRE(ida > 0 && idb > 0);
+        usleep((useconds_t)(rand_r(&seed) % 3000));
+        if (fq_cancel(e, ida) == FQ_OK) leader_cancelled++;
+        CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));
+        REQUIRE(atomic_load(&a.r.calls) == 1 && atomic_load(&b.r.calls) == 1);
+        if (b.r.outcome != FQ_SUCCEEDED || fqt_int(b.r.value, "attempt", -1) != 2)
+            FAILF("round %d: the second caller ended %d, status %d, %s (first caller %d)", round, b.r.outcome,
+                  b.r.status, b.r.error ? b.r.error : "", a.r.outcome);
+        netrec_clear(&a);
+        netrec_clear(&b);
+    }
+    CHECK(leader_cancelled > 500); /* most cancels found the first caller running or waiting */
+    fqt_engine_free(e);
+    fqt_server_stop(&s);
+}

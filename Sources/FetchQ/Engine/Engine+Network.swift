@@ -287,10 +287,14 @@ extension Engine {
             logger.warning("http cache: not written to its file", metadata: ["path": "\(cache.persistPath ?? "")",
                                                                            "error": "\(error.message)"])
         }
-        if !op.isCancelled,
-           let delay = askAgain ? 0 : job.retry.delay(after: outcome, attempt: attempts, method: job.request.method,
+        if let delay = askAgain ? 0 : job.retry.delay(after: outcome, attempt: attempts, method: job.request.method,
                                                       now: wallClockSeconds()) {
             lock.lock()
+            // A leading caller cancelled since the top of this function (the
+            // cache's work above takes time): the carrier that took its
+            // transfer over retries it for the callers. (It ended their
+            // transfer with the failed attempt: the ninth review.)
+            let op = op.isCancelled ? (op.handedTo ?? op) : op
             if machine.state(of: op.id) == .running && !op.isCancelled {
                 transferLock.withLock { op.transfer = nil }
                 let now = monotonicNanos()

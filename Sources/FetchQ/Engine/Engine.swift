@@ -483,7 +483,12 @@ public final class Engine: @unchecked Sendable {
                 actions += familyActions
             case .cancelRunning(let id):
                 guard let op = machine.owner(of: id) else { continue }
-                op.markCancelled()
+                // A leading caller is marked as its transfer is handed over
+                // (`handOver`): marked first, a transfer starting meanwhile
+                // (its first, or a retry) saw it cancelled and not yet handed
+                // over, and aborted the transfer its callers were to get
+                // (the ninth review).
+                if op.leads == nil { op.markCancelled() }
                 if let shared = op.shared {
                     // A coalesced caller detaches; the last one out cancels the transfer.
                     shared.callers.removeAll { $0 === op }
@@ -500,6 +505,7 @@ public final class Engine: @unchecked Sendable {
                     // transfer, which a carrier takes over as it is.
                     op.leads = nil
                     if handOver(op, shared, &actions, &work) { continue }
+                    op.markCancelled()
                 }
                 transferLock.lock()
                 if let transfer = op.transfer, let transport = op.transport { work.append(.abort(transport, transfer)) }
@@ -637,10 +643,12 @@ public final class Engine: @unchecked Sendable {
         carrier.attempts = leader.attempts
         transferLock.withLock {
             // One step for `startTransfer`'s publishing: it gives the id to
-            // the carrier, or the carrier gets the id it gave the leader.
+            // the carrier, or the carrier gets the id it gave the leader;
+            // either way it sees the leader cancelled only once handed over.
             carrier.transfer = leader.transfer
             carrier.transport = leader.transport
             leader.handedTo = carrier
+            leader.markCancelled()
         }
         machine.setOwner(carrier, of: id)
         shared.carrier = id
