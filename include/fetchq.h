@@ -716,7 +716,9 @@ int64_t fq_submit_requests(fq_queue *queue, const json_t *request, const char *c
  * inserted)} upserts the extracted items by their "id" into the item store
  * (see fq_store_open), in one transaction per response, after parsing; the
  * value then also has "store": {"inserted", "updated", "unchanged",
- * "skipped" (items without an id, or with a null one)}. A store failure,
+ * "skipped" (items without an id, or with a null one, and items whose id an
+ * item sorted before them in the same response has: the first one is stored,
+ * the one a search-all keeps)}. A store failure,
  * results that are not objects included, is FQ_ERR_STORE: the submit itself
  * returns it (and no callback follows) when the file cannot be opened, the
  * callback's status when writing fails. The engine keeps
@@ -974,11 +976,16 @@ void fq_result_release(const fq_result *result);
 /* A SQLite file of JSON items keyed by (collection, id), the same one the
  * search option "store" writes. WAL journal, synchronous=FULL: a crash never
  * loses a committed response. Ids are compared by their canonical JSON text
- * (object members sorted, numbers written shortest): "1" and 1 differ, and so
+ * (object members sorted, a real with 17 significant digits as jansson
+ * writes it, 0.1 as 0.10000000000000001, so every double has one text;
+ * the stored item is written the same way): "1" and 1 differ, and so
  * do 1 and 1.0 (an integer and a real) and 0.0 and -0.0, while 1.0 and 1e0
  * are one id; search-all's de-duplication compares them the same way. (Sorting
  * compares numbers by value: 1 and 1.0 are a tie there.) One store object per file is shared inside the process; every
- * function is safe from any thread. When the file at a path was deleted or
+ * function is safe from any thread. Other processes may use the file at the
+ * same time: opening a store set up before and reading it never wait for
+ * their writes; a write waits for another's transaction (up to 5 s, tried
+ * three times), then fails FQ_ERR_STORE ("database is locked"). When the file at a path was deleted or
  * replaced since it was opened, the next fq_store_open (and the next search
  * with "store") opens the file there now, creating it if needed; handles to
  * the old one still write to it. */
@@ -1009,7 +1016,9 @@ int64_t fq_store_count(fq_store *store, const char *collection);
 /* Upserts an array of objects (BORROWED) by the id at the JSON Pointer
  * `id_pointer` (required), in one transaction (all or nothing: an element
  * that is not an object is FQ_ERR_INVALID and nothing is written). `merge` is "overwrite"
- * or "keep-local" (NULL: overwrite). If `report` is not NULL it gets a NEW
+ * or "keep-local" (NULL: overwrite). Items are applied in order: a later
+ * item with an id an earlier one had overwrites it (or, keep-local, is kept
+ * out) and is counted so. If `report` is not NULL it gets a NEW
  * {"inserted", "updated", "unchanged", "skipped"} object. */
 int fq_store_upsert(fq_store *store, const char *collection, const json_t *items,
                     const char *id_pointer, const char *merge, json_t **report);

@@ -134,6 +134,33 @@ func storeTexts(_ array: JSONRef) -> [String] {
         }
     }
 
+    @Test func anExistingStoreOpensAndReadsWhileAnotherConnectionWrites() throws {
+        // Opening a store set up before takes no write lock (it waited for
+        // another process's write transaction, then failed "database is
+        // locked": the ninth review). Reading goes on too (WAL); a write
+        // waits, then fails with a clear message.
+        try withStoreDirectory { dir in
+            let path = dir.file("s.db")
+            let first = try ItemStore(path: path, registryKey: nil, busyTimeoutMilliseconds: 200)
+            _ = try first.upsert(collection: "c", items: storeJSON(#"[{"id":"a"}]"#), idPointer: idPointer,
+                                 merge: .overwrite)
+            let holder = try SQLiteConnection<FetchQError>(path: path, busyTimeoutMilliseconds: 200) {
+                $0.fetchQError("holder", path: path)
+            }
+            try holder.execute("BEGIN IMMEDIATE")
+            defer { holder.rollbackIfActive() }
+            let second = try ItemStore(path: path, registryKey: nil, busyTimeoutMilliseconds: 200)
+            #expect(try second.count(collection: "c") == 1)
+            let batch = try storeJSON(#"[{"id":"b"}]"#)
+            do throws(FetchQError) {
+                _ = try second.upsert(collection: "c", items: batch, idPointer: idPointer, merge: .overwrite)
+                Issue.record("a write went through another connection's write lock")
+            } catch {
+                #expect(error.status == .store && error.message.contains("locked"), "\(error.message)")
+            }
+        }
+    }
+
     @Test func nestedIdPointerAndEmptyBatch() throws {
         try withStoreDirectory { dir in
             let store = try ItemStore(path: dir.file("s.db"))

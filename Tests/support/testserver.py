@@ -664,6 +664,12 @@ class Routes:
                 return jresp({"query": q, "results": {"x": 1}})
             if q == "__slow":
                 return self._slow(conn, q, rpp)
+            if q == "__dup":  # one id three times in one response
+                return jresp({"query": q, "results": [
+                    {"id": "x", "v": 1, "created_at": "2026-01-01T00:00:01Z"},
+                    {"id": "x", "v": 2, "created_at": "2026-01-01T00:00:03Z"},
+                    {"id": "x", "v": 3, "created_at": "2026-01-01T00:00:02Z"},
+                    {"id": "y", "v": 4, "created_at": "2026-01-01T00:00:00Z"}]})
         key = (q, rpp)
         body = self.search_cache.get(key)
         if body is None:

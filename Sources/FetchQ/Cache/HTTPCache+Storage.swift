@@ -128,9 +128,7 @@ extension HTTPCache {
         init(path: String) throws(FetchQError) {
             self.path = path
             // A new file is readable by its owner only: responses may be private.
-            let fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
-            if fd >= 0 { Glibc.close(fd) }
-            let created = fd >= 0
+            let created = Self.createPrivately(path)
             do throws(FetchQError) {
                 guard sqlite3_threadsafe() != 0 else {
                     throw FetchQError(.store, "http cache: SQLite was built without thread support")
@@ -140,10 +138,40 @@ extension HTTPCache {
                 ) { $0.fetchQError("http cache", path: path) }
                 try sqlite.setUp(configure)
             } catch {
-                if created { unlink(path) }  // refused: leave no empty file behind
+                if let created { unlink(created) }  // refused: leave no empty file behind
                 throw error
             }
             identity = Self.identity(of: path).id
+        }
+
+        /// Creates the file `path` names, readable and writable by its owner
+        /// only, through symbolic links too (a link to a file not made yet:
+        /// SQLite made that one with the default mode, 0644 under umask 022:
+        /// the ninth review). The path of the file made; nil when one was
+        /// there (or none could be made: SQLite says why).
+        static func createPrivately(_ path: String) -> String? {
+            var target = path
+            for _ in 0..<16 {  // (a loop of links ends here)
+                let fd = open(target, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
+                if fd >= 0 {
+                    Glibc.close(fd)
+                    return target
+                }
+                guard errno == EEXIST else { return nil }
+                // A link: its target, relative to the link's directory.
+                var buffer = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
+                let n = readlink(target, &buffer, buffer.count - 1)
+                guard n > 0 else { return nil }  // (not a link: the file is there)
+                let link = String(decoding: buffer[..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self)
+                if link.hasPrefix("/") {
+                    target = link
+                } else if let slash = target.utf8.lastIndex(of: UInt8(ascii: "/")) {
+                    target = String(target[...slash]) + link
+                } else {
+                    target = link
+                }
+            }
+            return nil
         }
 
         func close() {

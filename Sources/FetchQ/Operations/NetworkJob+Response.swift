@@ -315,8 +315,14 @@ extension NetworkJob {
                 }
                 if let target = search.store, let items = value.flatMap({ SearchAllFamily.itemsPointer.resolve(in: $0) }) {
                     do {
-                        let report = try target.store.upsert(collection: target.collection, items: items,
+                        // One item per id, the first as sorted (the one a
+                        // search-all keeps): in order, a later one overwrote
+                        // it (the ninth review). The others count as skipped.
+                        // (`items` is the array this value was made with)
+                        let first = (try? JSONSearch.dedupe([items], idPointer: search.id)) ?? items
+                        var report = try target.store.upsert(collection: target.collection, items: first,
                                                              idPointer: search.id, merge: target.merge)
+                        report.skipped += json_array_size(items.pointer) - json_array_size(first.pointer)
                         value?.set("store", report.json())
                     } catch {
                         // Items the store cannot take (not objects) are a

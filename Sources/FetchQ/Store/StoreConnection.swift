@@ -77,6 +77,16 @@ final class StoreConnection {
         // The cost is one fsync per transaction, i.e. per response, small next to a
         // network round trip.
         try sqlite.useWriteAheadLogging(synchronous: "FULL")
+        // A store set up before needs no write to open: read its marks
+        // without the write lock, which another process may hold for as long
+        // as its transaction lasts (waiting for it here blocked a search's
+        // submit up to the busy timeout, then failed it: the ninth review).
+        // (WAL: a reader waits for no writer.)
+        if Int64(try sqlite.querySingle("PRAGMA application_id") ?? "0") == Self.applicationID,
+           Int64(try sqlite.querySingle("PRAGMA user_version") ?? "0") == Self.schemaVersion {
+            try prepareStatements()
+            return
+        }
         try sqlite.execute("BEGIN IMMEDIATE")
         do throws(StoreFailure) {
             let appID = Int64(try sqlite.querySingle("PRAGMA application_id") ?? "0") ?? 0

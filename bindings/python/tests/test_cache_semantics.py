@@ -127,6 +127,22 @@ def test_the_cache_file_keeps_no_credentials_and_is_private(tmp_path: Path) -> N
     assert not any("SECRET" in k for k in keys)
 
 
+def test_a_cache_file_made_through_a_symbolic_link_is_private(tmp_path: Path) -> None:
+    """A link to a file not made yet (two levels, one relative): the file is
+    made readable by its owner only, as at a plain path (it was 0644)."""
+    (tmp_path / "real").mkdir()
+    os.symlink("real/cache.db", tmp_path / "hop")
+    os.symlink(str(tmp_path / "hop"), tmp_path / "link.db")
+    old = os.umask(0o022)
+    try:
+        with fetchq.Engine(cache={"path": str(tmp_path / "link.db")}):
+            pass
+    finally:
+        os.umask(old)
+    assert os.path.islink(tmp_path / "link.db") and os.path.islink(tmp_path / "hop")
+    assert stat.S_IMODE(os.stat(tmp_path / "real" / "cache.db").st_mode) == 0o600
+
+
 def test_the_file_stays_within_max_bytes_with_entries_it_may_not_hold(tmp_path: Path) -> None:
     """Entries kept in memory only (credentials) evicted others without
     deleting their rows: the file outgrew max_bytes and served evicted rows."""

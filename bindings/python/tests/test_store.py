@@ -85,6 +85,23 @@ def test_search_option_store(net_engine: fetchq.Engine, server: Server, tmp_path
         q.search("swift", store={"path": path})               # no collection
 
 
+@pytest.mark.parametrize("order", ["desc", "asc"])
+def test_search_option_store_keeps_the_item_sorted_first_of_an_id(net_engine: fetchq.Engine, tmp_path: Any,
+                                                                   order: str) -> None:
+    """One response with an id three times: the store keeps the item the
+    search sorts first, the one a search-all keeps (it kept the last)."""
+    path = str(tmp_path / "dup.db")
+    q = net_engine.queue("dup")
+    res = q.search("__dup", order=order, store={"path": path, "collection": "c"}).result(timeout=TIMEOUT)
+    first_x = next(i for i in res["items"] if i["id"] == "x")
+    assert first_x["v"] == (2 if order == "desc" else 1)    # created_at 03 / 01
+    assert res["store"] == {"inserted": 2, "updated": 0, "unchanged": 0, "skipped": 2}
+    merged = q.search_all(["__dup"], order=order).result(timeout=TIMEOUT)
+    assert [i for i in merged["items"] if i["id"] == "x"] == [first_x]
+    with fetchq.Store(path) as s:
+        assert s.get("c", "x") == first_x and s.count("c") == 2
+
+
 def test_search_option_store_takes_a_path_object(net_engine: fetchq.Engine, tmp_path: Any) -> None:
     """os.PathLike values of options are sent as their path (they raised
     TypeError: not JSON-serializable)."""
