@@ -2048,7 +2048,7 @@ TEST_T(http_a_cancelled_first_callers_retried_transfer_goes_on_for_the_other, 12
         REQUIRE(atomic_load(&a.r.calls) == 1 && atomic_load(&b.r.calls) == 1);
         if (b.r.outcome != FQ_SUCCEEDED || fqt_int(b.r.value, "attempt", -1) != 2)
             FAILF("round %d: the second caller ended %d, status %d, %s (first caller %d)", round, b.r.outcome,
-                  b.r.status, b.r.error ? b.r.error : "", a.r.outcome);
+                  b.r.status, b.r.error, a.r.outcome);
         netrec_clear(&a);
         netrec_clear(&b);
     }
