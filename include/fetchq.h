@@ -312,12 +312,14 @@ typedef void (*fq_async_fn)(fq_op *op, void *userdata);
  *                   https_proxy, all_proxy and no_proxy apply — lower case
  *                   only for http_proxy, as curl reads it)
  *   "rate_limits"   {"HOST": {"per_second": r, "burst": b}, ...}: a token
- *                   bucket per host: at most b network operations start at
- *                   once and r per second on average; operations over the rate
- *                   wait in their queue without holding back other hosts. HOST
- *                   is "host:port" (as in the URL, default ports omitted),
- *                   "host" (any port) or "*" (every host without its own
- *                   entry), compared without case: anything else, or two
+ *                   bucket per host:port: at most b network operations start
+ *                   at once and r per second on average; operations over the
+ *                   rate wait in their queue without holding back other hosts.
+ *                   HOST is "host:port" (as in the URL, default ports
+ *                   omitted), "host" (each of its ports, each with a bucket of
+ *                   its own) or "*" (every host:port without its own entry,
+ *                   each with a bucket of its own), compared without case:
+ *                   anything else, or two
  *                   keys naming one host, is FQ_ERR_INVALID; burst defaults
  *                   to max(1, r)
  *   "cache"         the HTTP cache shared by the engine's GET requests and
@@ -541,8 +543,11 @@ fq_op_id fq_submit_async(fq_queue *queue, fq_async_fn fn, const json_t *options,
  *                slot; cancelling then ends the operation at once. The metrics'
  *                "attempts" counts the tries. Apart from retries: when a
  *                kept-alive HTTP/1.1 connection closes before any byte of the
- *                answer, libcurl sends an idempotent request once more on a
- *                new connection (not counted in "attempts"); any other method
+ *                answer, libcurl sends an idempotent request again on another
+ *                connection, each time that happens: after a server restart,
+ *                once per connection it kept to that server, then on a new
+ *                one (neither counted in "attempts", nor waiting for a
+ *                backoff); any other method
  *                ends FQ_ERR_NETWORK ("not sent again": the server may have
  *                acted on it, RFC 9112 §9.3.1.1) and is retried only
  *                with "any_method". Over HTTP/2 libcurl sends a stream the

@@ -1000,6 +1000,29 @@ import Testing
         #expect(m.nextDeadline() == nil)
     }
 
+    @Test func aStartDeadlineNoLongerAppliesOnceTheOperationStarted() {
+        // An operation that waited for a slot, started, and waits to be tried
+        // again: ready again after the wait, it waits for a slot once more,
+        // past its start deadline. It ended FQ_ERR_QUEUE_TIMEOUT there (the
+        // ninth review); it has started, so only the slot holds it back.
+        var m = Machine()
+        let q = m.addQueue(name: "q", maxConcurrent: 1)
+        let (blocker, _) = submit(&m, q)
+        var spec = Machine.Spec(queue: q)
+        spec.startDeadline = 2_000
+        let (a, _) = try! m.submit(spec, now: 0).get()
+        #expect(started(m.finished(blocker, .succeeded, payload: nil, now: 1_000)) == [a])
+        let (c, _) = submit(&m, q, now: 1_100)
+        #expect(started(m.retryLater(a, until: 1_500, now: 1_200)) == [c])
+        #expect(m.expire(now: 1_600) { _ in "" }.isEmpty)  // a is ready again; c has the slot
+        #expect(m.state(of: a) == .ready)
+        #expect(m.nextDeadline() == nil)
+        #expect(completed(m.expire(now: 2_500) { "op \($0) waited" }).isEmpty)
+        #expect(started(m.finished(c, .succeeded, payload: nil, now: 3_000)) == [a])
+        _ = m.finished(a, .succeeded, payload: nil, now: 3_100)
+        #expect(m.liveCount == 0 && m.counters.succeeded == 3 && m.counters.failed == 0)
+    }
+
     @Test func closingAQueueCancelsOnlyWhatHasNotStarted() {
         var m = Machine()
         let q = m.addQueue(name: "q", maxConcurrent: 1)

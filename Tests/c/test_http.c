@@ -2056,3 +2056,68 @@ TEST_T(http_a_cancelled_first_callers_retried_transfer_goes_on_for_the_other, 12
     fqt_engine_free(e);
     fqt_server_stop(&s);
 }
+
+/* max_wait_ms is the time from the submit to the start: an operation that
+ * started, failed and waits for a slot to be tried again is past it (the
+ * ninth review: it ended FQ_ERR_QUEUE_TIMEOUT although its request had been
+ * answered, when it had waited for a slot before its first start). */
+TEST(http_max_wait_ms_does_not_end_an_operation_that_started) {
+    fqt_server s;
+    fqt_server_start(&s, NULL);
+    fq_engine *e = fqt_engine(NULL);
+    fq_queue *q = fqt_queue(e, "q", 1);
+    char url[256];
+    netrec blocker, a, b;
+    memset(&blocker, 0, sizeof blocker);
+    memset(&a, 0, sizeof a);
+    memset(&b, 0, sizeof b);
+    REQUIRE(submit_url(q, NULL, fqt_url(&s, "/delay?ms=800&n=1", url, sizeof url), NULL, &blocker) > 0);
+    REQUIRE(submit_url(q, NULL, fqt_url(&s, "/flaky?key=maxwait-start&fail=1", url, sizeof url),
+                       "{\"max_wait_ms\": 1500, \"retry\": {\"max\": 1, \"base\": 0}}", &a) > 0);
+    /* takes the slot while a waits to be tried again, until after a's limit */
+    REQUIRE(submit_url(q, NULL, fqt_url(&s, "/delay?ms=2000&n=2", url, sizeof url), NULL, &b) > 0);
+    CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));
+    CHECK_EQ_INT(blocker.r.outcome, FQ_SUCCEEDED);
+    CHECK_EQ_INT(b.r.outcome, FQ_SUCCEEDED);
+    if (a.r.outcome != FQ_SUCCEEDED)
+        FAILF("a: outcome %d, status %d, %s", a.r.outcome, a.r.status, a.r.error);
+    CHECK_EQ_INT(fqt_int(a.r.value, "attempt", -1), 2);
+    netrec_clear(&blocker);
+    netrec_clear(&a);
+    netrec_clear(&b);
+    fqt_engine_free(e);
+    fqt_server_stop(&s);
+}
+
+/* A GET that joins a queued identical GET counts its max_wait_ms from its
+ * own submit (the ninth review: it ended FQ_ERR_QUEUE_TIMEOUT with the
+ * first one, 1.5 s early). */
+TEST(http_a_joining_get_has_its_own_max_wait_ms) {
+    fqt_server s;
+    fqt_server_start(&s, NULL);
+    fq_engine *e = fqt_engine(NULL);
+    fq_queue *q = fqt_queue(e, "q", 1);
+    char url[256];
+    netrec blocker, first, joiner;
+    memset(&blocker, 0, sizeof blocker);
+    memset(&first, 0, sizeof first);
+    memset(&joiner, 0, sizeof joiner);
+    const char *wait = "{\"max_wait_ms\": 2000}";
+    REQUIRE(submit_url(q, NULL, fqt_url(&s, "/delay?ms=2750&n=3", url, sizeof url), NULL, &blocker) > 0);
+    fqt_url(&s, "/json?size=100&joined=1", url, sizeof url);
+    REQUIRE(submit_url(q, NULL, url, wait, &first) > 0);
+    usleep(1500 * 1000);
+    REQUIRE(submit_url(q, NULL, url, wait, &joiner) > 0); /* joins: same GET, same max_wait_ms */
+    CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));
+    CHECK_EQ_INT(first.r.outcome, FQ_FAILED);
+    CHECK_EQ_INT(first.r.status, FQ_ERR_QUEUE_TIMEOUT);
+    /* its own limit ends 3.5 s after the first's submit, after the blocker */
+    if (joiner.r.outcome != FQ_SUCCEEDED)
+        FAILF("joiner: outcome %d, status %d, %s", joiner.r.outcome, joiner.r.status, joiner.r.error);
+    CHECK(json_is_object(joiner.r.value));
+    netrec_clear(&blocker);
+    netrec_clear(&first);
+    netrec_clear(&joiner);
+    fqt_engine_free(e);
+    fqt_server_stop(&s);
+}

@@ -467,8 +467,9 @@ public final class Engine: @unchecked Sendable {
                 guard let op = owner else { continue }
                 if let shared = op.carries {
                     // A carrier that never ran (cancelled, waited too long):
-                    // its callers end the same way.
-                    actions += endCallers(shared, outcome, status, reason, &work)
+                    // its callers end the same way, each by its own deadline.
+                    actions += status == .queueTimeout ? waitedTooLong(shared, &work)
+                        : endCallers(shared, outcome, status, reason, &work)
                     continue
                 }
                 if let shared = op.leads {
@@ -554,10 +555,33 @@ public final class Engine: @unchecked Sendable {
     func leaderEnded(_ shared: SharedTransfer, _ outcome: Outcome, _ status: FQStatus, _ reason: EndReason,
                      _ work: inout [Work]) -> [Machine.Action] {
         shared.ownerLed = false
+        if status == .queueTimeout { return waitedTooLong(shared, &work) }
         if reason == .cancelled, !shared.callers.isEmpty, let actions = queueCarrier(shared, &work) {
             return actions
         }
         return endCallers(shared, outcome, status, reason, &work)
+    }
+
+    /// With the lock held: the operation that was to run a shared transfer
+    /// waited in its queue longer than "max_wait_ms". Each caller's limit
+    /// counts from its own submit: those past it end FQ_ERR_QUEUE_TIMEOUT,
+    /// the others get a carrier whose limit is the oldest one's. (A caller
+    /// that joined late ended with the first: the ninth review.)
+    private func waitedTooLong(_ shared: SharedTransfer, _ work: inout [Work]) -> [Machine.Action] {
+        let now = monotonicNanos()
+        let limit = UInt64(shared.maxWaitMs) * 1_000_000
+        var actions: [Machine.Action] = []
+        var left: [Operation] = []
+        for caller in shared.callers {
+            if caller.submittedAt &+ limit > now {
+                left.append(caller)
+            } else {
+                actions += endAttached(caller, .failed, .queueTimeout, .text(Self.waitedTooLong(caller.id)), &work)
+            }
+        }
+        shared.callers = left
+        if !left.isEmpty, let more = queueCarrier(shared, &work) { return actions + more }
+        return actions + endCallers(shared, .failed, .queueTimeout, .text(""), &work)
     }
 
     /// With the lock held: identical GETs submitted from now on do not

@@ -348,6 +348,11 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
     private var deadlines = MinHeap<OpID>()
     /// Operations in backoff, by retry time.
     private var retries = MinHeap<OpID>()
+    /// Operations that started and wait to be tried again (`retryLater`),
+    /// until they end: their start deadline ("max_wait_ms") no longer
+    /// applies. (Ready again after the wait, one ended FQ_ERR_QUEUE_TIMEOUT
+    /// when its deadline came while it waited for a slot: the ninth review.)
+    private var restarted = Set<OpID>()
     /// The earliest time a token frees an operation held back by a rate limit.
     private var rateWake: UInt64? = nil
     private var nextOpID: OpID = 1
@@ -1274,6 +1279,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         let earlierBarrier = slots[s].isBarrier ? previousLiveBarrier(s) : nil
         listRemove(s)
         liveCount -= 1
+        if !restarted.isEmpty { restarted.remove(id) }
         if !slots[s].isInternal {
             queues[q].counters.count(outcome)
             counters.count(outcome)
@@ -1657,7 +1663,8 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
     mutating func nextDeadline() -> UInt64? {
         var next = rateWake
         while let top = deadlines.min {
-            if let state = state(of: top.value), state == .waiting || state == .ready {
+            if let state = state(of: top.value), state == .waiting || state == .ready,
+               restarted.isEmpty || !restarted.contains(top.value) {
                 next = min(next ?? top.key, top.key)
                 break
             }
@@ -1688,6 +1695,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         countQueued(q, 1, isInternal: slots[s].isInternal)
         if slots[s].host != 0 { hosts[Int(slots[s].host)].running -= 1 }
         retries.insert(id, key: until)
+        restarted.insert(id)
         var actions: [Action] = []
         schedule(now: now, into: &actions)
         return actions
@@ -1724,7 +1732,8 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         var actions: [Action] = []
         while let top = deadlines.min, top.key <= now {
             deadlines.removeMin()
-            if let s = liveSlot(top.value), slots[s].state == .waiting || slots[s].state == .ready {
+            if let s = liveSlot(top.value), slots[s].state == .waiting || slots[s].state == .ready,
+               restarted.isEmpty || !restarted.contains(top.value) {
                 end(s, .failed, .queueTimeout, .text(waitedMessage(top.value)), now: now, into: &actions)
             }
         }
