@@ -428,7 +428,9 @@ int fq_engine_set_log_fn(fq_engine *engine, fq_log_fn fn, void *userdata);
  *  time; they keep at most that much, and it is at most "limit", 64 MiB)}.
  *  Coalesced transfers are counted once in "running" while their first
  *  caller runs them (one taken over by an internal operation, its first
- *  caller having left, counts none); the operations sharing them count as
+ *  caller having left, counts none, though it keeps the slot the first
+ *  caller had in its queue's max_concurrent and in max_per_host until the
+ *  transfer ends); the operations sharing them count as
  *  "queued" until they end, so submitted = succeeded + failed + cancelled +
  *  queued + running.
  * "queued" counts operations waiting (for dependencies, a slot or resume),
@@ -789,7 +791,8 @@ int fq_engine_set_event_fn(fq_engine *engine, fq_event_fn fn, void *userdata);
 fq_op_id fq_event_op_id(const fq_event *event);
 fq_event_type fq_event_get_type(const fq_event *event);
 /* FQ_EVENT_PROGRESS: bytes of the body received so far (decoded, if it was
- * gzip: never fewer than the event before) and expected in all (0 when the
+ * gzip: never fewer than the event before, but a retry counts its answer
+ * from 0 again, after the failed attempt's events) and expected in all (0 when the
  * server did not say, and for a body with a Content-Encoding, whose
  * Content-Length counts the encoded bytes). Either pointer may be NULL. Events are throttled by
  * "progress_interval_ms"; a successful transfer's last event always has

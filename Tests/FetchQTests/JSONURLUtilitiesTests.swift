@@ -62,6 +62,14 @@ import Testing
         #expect(URLUtilities.redactingPassword("https://T0KEN:@h/x") == "https://***@h/x")
         #expect(URLUtilities.redactingPassword("http://h/x?u=a:b@c") == "http://h/x?u=a:b@c")
         #expect(URLUtilities.redactingPassword("http://a:b:c@h/") == "http://a:***@h/")
+        // Text a server may send as a Location, which browsers read as
+        // userinfo too (the ninth review's review: shown as it was).
+        #expect(URLUtilities.redactingPassword(#"http:\\bob:s3cr3t@127.0.0.1:1\x"#) == #"http:\\bob:***@127.0.0.1:1\x"#)
+        #expect(URLUtilities.redactingPassword("http:bob:s3cr3t@h/x") == "http:bob:***@h/x")
+        #expect(URLUtilities.redactingPassword("http:///bob:s3cr3t@h") == "http:///bob:***@h")
+        #expect(URLUtilities.redactingPassword("mailto:T0KEN@h") == "mailto:***@h")
+        #expect(URLUtilities.redactingPassword("/relative/a:b@c") == "/relative/a:b@c")
+        #expect(URLUtilities.redactingPassword("http:\\h\\a:b@c") == "http:\\h\\a:b@c")
     }
 
     @Test func expandTemplateWithoutPlaceholderIsAnError() {

@@ -514,6 +514,31 @@ import Testing
         #expect(m.liveCount == 0)
     }
 
+    @Test(arguments: [false, true])
+    func anOperationReadyWhenItsDependencyGoesIsBehindThoseReadyBefore(removed: Bool) {
+        // B (one host) waits for X; R (another host) is ready after B's
+        // submit. X ends (or B's dependency is removed): B became ready
+        // after R and starts after it. Lanes are compared by sequence
+        // number, and B kept its submit's (the ninth review).
+        var m = Machine()
+        let q = m.addQueue(name: "q", maxConcurrent: 1)
+        let other = m.addQueue(name: "other", maxConcurrent: 1)
+        let (blocker, _) = submit(&m, q, host: "h0:1")
+        _ = m.setSuspended(other, true, now: 0)
+        let (x, _) = submit(&m, other)
+        let (b, _) = submit(&m, q, host: "h1:1", deps: [x])
+        let (r, _) = submit(&m, q, host: "h2:1")
+        if removed {
+            #expect(started(try! m.removeDependency(b, on: x, now: 10).get()).isEmpty)
+        } else {
+            #expect(started(m.setSuspended(other, false, now: 5)) == [x])
+            _ = m.finished(x, .succeeded, payload: nil, now: 10)
+        }
+        #expect(m.state(of: b) == .ready)
+        #expect(started(m.finished(blocker, .succeeded, payload: nil, now: 20)) == [r])
+        #expect(started(m.finished(r, .succeeded, payload: nil, now: 30)) == [b])
+    }
+
     @Test func longFailureChainDoesNotRecurse() {
         var m = Machine(config: .init(agingNanos: 0, maxPerHost: 6, history: 0))
         let q = m.addQueue(name: "q", maxConcurrent: 1)

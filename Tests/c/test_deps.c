@@ -528,7 +528,10 @@ TEST(remove_dependency_lets_an_operation_go_without_it) {
     rd.dep = done;
     fq_op_id d = fqt_block(q, body_sees_dep, deps_opts(done, a), rec_done, &rd);
     REQUIRE(d > 0);
+    CHECK_OK(fq_add_dependency(e, d, done)); /* again: it counts once */
+    CHECK_OK(fq_add_dependency(e, d, done));
     CHECK_OK(fq_remove_dependency(e, d, done));
+    CHECK_EQ_INT(fq_remove_dependency(e, d, done), FQ_ERR_NOT_FOUND);
 
     CHECK_OK(fq_queue_set_suspended(held, false));
     CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));

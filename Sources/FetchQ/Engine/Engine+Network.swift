@@ -239,6 +239,9 @@ extension Engine {
         // carrier that took the transfer over retries it or ends it.
         let op = op.isCancelled ? (lock.withLock { op.handedTo } ?? op) : op
         var outcome = outcome
+        // (A fresh entry answered without a transfer; a 304 below makes the
+        // answer come from the cache too, after one.)
+        let withoutTransfer = fromCache
         var fromCache = fromCache
         // A 304 that no entry can take (another entity tag, or none left):
         // the request goes again without validators (RFC 9111 §4.3.4), at once.
@@ -315,8 +318,9 @@ extension Engine {
         }
         // Throttling may have skipped the last progress: report the total
         // (with the size the server announced, 0 if it did not). An empty
-        // body had none: it gets this one.
-        if job.progressIntervalMs != nil, !fromCache, case .success(let response) = outcome {
+        // body had none: it gets this one, and so does a body a 304 took
+        // from the cache (it had none: the ninth review's review).
+        if job.progressIntervalMs != nil, !withoutTransfer, case .success(let response) = outcome {
             let total = UInt64(response.body.count)
             let (handler, last, ids) = lock.withLock {
                 (eventHandler, op.lastProgress, progressTargets(op))

@@ -75,9 +75,14 @@ public enum URLUtilities {
     /// (`user:password@`) is written `***`, and so is a userinfo with no
     /// password (`TOKEN@`, `TOKEN:@`: a token given as the user name, as
     /// for many APIs, is the secret). `url` itself when it has no userinfo.
+    ///
+    /// Also for text that is not a well-formed URL (a Location a server
+    /// sent): after `scheme:`, any run of `/` or `\` (browsers read
+    /// `http:\\user:pw@host` and `http:user:pw@host` as userinfo too), up
+    /// to the first `/`, `\`, `?` or `#`.
     public static func redactingPassword(_ url: String) -> String {
         let bytes = Array(url.utf8)
-        guard let (start, at) = userinfo(bytes) else { return url }
+        guard let (start, at) = userinfo(bytes, lenient: true) else { return url }
         guard let colon = bytes[start..<at].firstIndex(of: UInt8(ascii: ":")), colon + 1 < at else {
             return String(decoding: bytes[..<start] + Array("***".utf8) + bytes[at...], as: UTF8.self)
         }
@@ -106,14 +111,35 @@ public enum URLUtilities {
 
     /// Where the userinfo of an absolute URL starts, and the index of the
     /// `@` that ends it; nil without one.
-    private static func userinfo(_ bytes: [UInt8]) -> (start: Int, at: Int)? {
-        guard let scheme = bytes.firstIndex(of: UInt8(ascii: ":")), scheme + 2 < bytes.count,
-              bytes[scheme + 1] == UInt8(ascii: "/"), bytes[scheme + 2] == UInt8(ascii: "/") else { return nil }
-        let start = scheme + 3
+    private static func userinfo(_ bytes: [UInt8], lenient: Bool = false) -> (start: Int, at: Int)? {
+        guard let scheme = bytes.firstIndex(of: UInt8(ascii: ":")), scheme > 0,
+              bytes[..<scheme].allSatisfy({ isSchemeByte($0) }) else { return nil }
+        var start = scheme + 1
+        if lenient {
+            while start < bytes.count, bytes[start] == UInt8(ascii: "/") || bytes[start] == UInt8(ascii: "\\") {
+                start += 1
+            }
+        } else {
+            guard scheme + 2 < bytes.count, bytes[scheme + 1] == UInt8(ascii: "/"),
+                  bytes[scheme + 2] == UInt8(ascii: "/") else { return nil }
+            start = scheme + 3
+        }
+        let ends = lenient ? "/\\?#" : "/?#"
         var end = start
-        while end < bytes.count, !"/?#".utf8.contains(bytes[end]) { end += 1 }
+        while end < bytes.count, !ends.utf8.contains(bytes[end]) { end += 1 }
         guard let at = bytes[start..<end].lastIndex(of: UInt8(ascii: "@")) else { return nil }
         return (start, at)
+    }
+
+    /// A letter, digit, `+`, `-` or `.` (RFC 3986 §3.1).
+    private static func isSchemeByte(_ byte: UInt8) -> Bool {
+        switch byte {
+        case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"),
+             UInt8(ascii: "0")...UInt8(ascii: "9"), UInt8(ascii: "+"), UInt8(ascii: "-"), UInt8(ascii: "."):
+            return true
+        default:
+            return false
+        }
     }
 
     /// "{query}" (made once).

@@ -921,6 +921,9 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         guard let done = finishedSlot(dep) else {
             return .failure(FetchQError(.notFound, Self.unknownMessage(dep, nextOpID: nextOpID, history: config.history)))
         }
+        // (Given twice, it counts once: listed twice, `removeDependency`
+        // found it again after removing it.)
+        if dependencies(ofSlot: s).contains(dep) { return .success([]) }
         var actions: [Action] = []
         let l = linksIndex(s)
         linkTable[l].dependencies.append(dep)
@@ -998,7 +1001,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         linkTable[ld].dependents.remove(at: edge)
         slots[s].waitingOn -= 1
         guard slots[s].waitingOn == 0 && slots[s].state == .waiting else { return false }
-        makeReady(s, now: now)
+        readyAfterWaiting(s, now: now)
         return true
     }
 
@@ -1261,7 +1264,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
                 }
                 slots[d].waitingOn -= 1
                 if slots[d].waitingOn == 0 && slots[d].state == .waiting {
-                    makeReady(d, now: now)
+                    readyAfterWaiting(d, now: now)
                 }
             }
             removeQueueIfDone(q)
@@ -1415,6 +1418,21 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
     }
 
     // MARK: - Ready queues
+
+    /// `makeReady` for an operation whose last dependency ended (or was
+    /// removed): it became ready now, so it goes behind those ready before
+    /// it, in its lane and across its queue's lanes, which are compared by
+    /// sequence number. (It kept its submit's: one to another host went
+    /// ahead of operations ready long before it: the ninth review.)
+    private mutating func readyAfterWaiting(_ s: Int, now: UInt64) {
+        nextSeq += 1
+        if slots[s].level == slots[s].firstLevel {
+            slots[s].seq = nextSeq
+        } else {
+            linkTable[linksIndex(s)].movedSeq = nextSeq
+        }
+        makeReady(s, now: now)
+    }
 
     private mutating func makeReady(_ s: Int, now: UInt64) {
         slots[s].state = .ready

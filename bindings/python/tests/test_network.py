@@ -342,6 +342,13 @@ def test_a_password_in_a_redirect_is_not_shown_in_messages(server: Server, net_e
     assert "s3cret" not in message and "bob:pw123@" not in message, message
     assert "http://alice:***@127.0.0.1:" in message, message
     assert "to ftp://bob:***@127.0.0.1:1/y, not an http or https URL" in message, message
+    # not URLs as written, but read with userinfo by browsers
+    for target, shown in ((r"http:\\bob:pw123@127.0.0.1:1\y", r"http:\\bob:***@127.0.0.1:1\y"),
+                          ("mailto:bob:pw123@h", "mailto:bob:***@h")):
+        url = server.url("/redirect-to?status=307&url=" + urllib.parse.quote(target, safe=""))
+        with pytest.raises(fetchq.NetworkError) as info:
+            net_engine.queue("n").request("POST", url, data=b"x").result(timeout=TIMEOUT)
+        assert "bob:pw123@" not in str(info.value) and "to " + shown + "," in str(info.value), str(info.value)
 
 
 def test_a_search_query_of_dots_stays_one_path_segment(server: Server) -> None:
@@ -472,6 +479,17 @@ def test_progress_of_an_empty_body_after_a_retry(net_engine: fetchq.Engine, serv
                                   progress=lambda a, b: events.append((a, b))).result(timeout=TIMEOUT)
     assert r.body == b"" and r.metrics["attempts"] == 2
     assert events[-1] == (0, None)
+
+
+def test_progress_of_a_body_a_304_took_from_the_cache(net_engine: fetchq.Engine, server: Server) -> None:
+    """A revalidated GET (a transfer answered 304) ends with the cached
+    body's size, as any successful transfer does (it had no event)."""
+    url = server.url("/etag?key=progress-304")
+    first = net_engine.queue("p").get(url).result(timeout=TIMEOUT)
+    events: List[Tuple[int, Any]] = []
+    r = net_engine.queue("p").get(url, progress=lambda a, b: events.append((a, b))).result(timeout=TIMEOUT)
+    assert r.metrics["from_cache"] is True and r.body == first.body and len(r.body) > 0
+    assert events and events[-1][0] == len(r.body), events
 
 
 def test_userinfo_that_is_not_ascii_is_percent_encoded(net_engine: fetchq.Engine, server: Server) -> None:
