@@ -316,7 +316,9 @@ typedef void (*fq_async_fn)(fq_op *op, void *userdata);
  *                   at once and r per second on average; operations over the
  *                   rate wait in their queue without holding back other hosts.
  *                   HOST is "host:port" (as in the URL, default ports
- *                   omitted), "host" (each of its ports, each with a bucket of
+ *                   omitted: http://h and https://h are "h", so a key
+ *                   "h:80" applies only to https://h:80 and "h:443" only to
+ *                   http://h:443), "host" (each of its ports, each with a bucket of
  *                   its own) or "*" (every host:port without its own entry,
  *                   each with a bucket of its own), compared without case:
  *                   anything else, or two
@@ -928,7 +930,9 @@ int fq_set_priority(fq_engine *engine, fq_op_id id, int priority);
  * id. A `dep` that already finished is treated as in "depends_on". A ready
  * operation given an unfinished `dep` gives up its place in its queue: when
  * `dep` ends it is ready again, behind those that became ready before it,
- * and it ages from then, as one submitted with "depends_on" would. */
+ * and it ages from then, as one submitted with "depends_on" would. For a
+ * search-all, its queries not started yet wait for an unfinished `dep` too
+ * (those already sent, or sharing another GET's transfer, go on). */
 int fq_add_dependency(fq_engine *engine, fq_op_id op, fq_op_id dep);
 
 /* Makes `op` no longer wait for `dep` (like NSOperation's removeDependency):

@@ -35,6 +35,7 @@ import Testing
         #expect(try line(#"["q\"b\\s/ \u0000\u0001\u001f\b\f\n\r\t\u007f é \u2028 \u2029 😀"]"#)
                 == "[\"q\\\"b\\\\s/ \\u0000\\u0001\\u001f\\b\\f\\n\\r\\t\u{7f} é \\u2028 \\u2029 😀\"]")
         #expect(try line(#"{"k\u2028\"ey": "", "": 1}"#) == #"{"k\u2028\"ey":"","":1}"#)
+        #expect(try line(#"["a\u0085b\u0084"]"#) == "[\"a\\u0085b\u{84}\"]")  // NEL breaks lines too
         // U+2028's bytes in other sequences are other characters: copied
         #expect(try line(#""\u2027\u202a\u0828""#) == "\"\u{2027}\u{202a}\u{0828}\"")
     }
@@ -42,7 +43,7 @@ import Testing
     @Test func randomValuesReadBackEqual() throws {
         var rng = SplitMix(seed: 42)
         let alphabet: [Unicode.Scalar] = ["a", "\"", "\\", "\n", "\u{0}", "\u{1f}", "\u{7f}", "é", "\u{2028}",
-                                          "\u{2029}", "\u{2027}", "😀", "/", " ", "{", "]"]
+                                          "\u{2029}", "\u{2027}", "\u{85}", "😀", "/", " ", "{", "]"]
         func string(key: Bool = false) -> String {
             var s = String.UnicodeScalarView()
             for _ in 0..<Int(rng.next() % 8) {
@@ -76,7 +77,9 @@ import Testing
         for _ in 0..<3_000 {
             let v = value(0)
             let bytes = try #require(v.lineBytes)
-            #expect(!bytes.contains(0x0A) && !bytes.contains(0x00))
+            // no character any line splitter breaks at (Character.isNewline:
+            // \n, \r, \u{b}, \u{c}, U+0085, U+2028, U+2029)
+            #expect(!bytes.contains(0x00) && !String(decoding: bytes, as: UTF8.self).contains(where: \.isNewline))
             let back = try #require(janssonReads(bytes), "\(String(decoding: bytes, as: UTF8.self))")
             #expect(back.isEqual(to: v), "\(String(decoding: bytes, as: UTF8.self))")
             let ours = try JSONParser.parse(String(decoding: bytes, as: UTF8.self), maxDepth: 2048)

@@ -272,18 +272,21 @@ public final class Engine: @unchecked Sendable {
         // Read before: a dependency that already failed ends the operation
         // at once (it is no longer live after).
         let owner = machine.owner(of: id)
+        // A search-all's queries not sent yet wait for an unfinished `dep` too.
+        let queries = machine.isLive(dep) ? machine.unstartedQueries(of: id).compactMap { machine.owner(of: $0) } : []
         switch machine.addDependency(id, on: dep, now: monotonicNanos()) {
         case .success(let ended):
             var work: [Work] = []
             var actions: [Machine.Action] = []
-            if let op = owner, let shared = op.leads {
+            for op in [owner].compactMap({ $0 }) + queries {
+                guard let shared = op.leads else { continue }
                 // The leading caller of a shared transfer now waits for a
                 // dependency: the callers sharing it should not, nor end
                 // with it when that dependency already failed (they ended
                 // FQ_ERR_DEPENDENCY naming a dependency not theirs; the
                 // stress program found it).
                 op.leads = nil
-                actions = leaderEnded(shared, .cancelled, .cancelled, .cancelled, &work)
+                actions += leaderEnded(shared, .cancelled, .cancelled, .cancelled, &work)
             }
             actions += ended
             resolve(actions, into: &work)

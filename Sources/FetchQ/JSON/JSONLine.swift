@@ -7,9 +7,11 @@ extension JSONRef {
     /// - a real is written in the shortest form that reads back as the same
     ///   double (Swift's `description`: `0.1`, `1e-07`, `100.0`), where
     ///   jansson's encoder writes 17 significant digits (`0.10000000000000001`);
-    /// - U+2028 and U+2029 are written `\u2028` and `\u2029`: valid JSON
-    ///   either way, but tools that split text into lines by Unicode's rules
-    ///   (Python's `splitlines`, older JavaScript) would break the line there;
+    /// - U+2028, U+2029 and U+0085 (NEL) are written `\u2028`, `\u2029` and
+    ///   `\u0085`: valid JSON either way, but tools that split text into
+    ///   lines by Unicode's rules (Python's `splitlines`, older JavaScript)
+    ///   would break the line there (the other characters they break at are
+    ///   control characters, escaped anyway);
     /// - in strings, `"` and `\` are escaped, control characters too (`\n`,
     ///   `\t`, … or `\u00XX`, NUL included); other text is copied as it is
     ///   (UTF-8), object keys in jansson's order.
@@ -108,6 +110,9 @@ extension JSONRef {
             case 0xE2 where i + 2 < count && text[i + 1] == 0x80 && (text[i + 2] == 0xA8 || text[i + 2] == 0xA9):
                 out += (text[i + 2] == 0xA8 ? "\\u2028" : "\\u2029").utf8
                 i += 2
+            case 0xC2 where i + 1 < count && text[i + 1] == 0x85:  // U+0085 (NEL)
+                out += "\\u0085".utf8
+                i += 1
             default: out.append(byte)
             }
             i += 1

@@ -914,8 +914,21 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
                 return .failure(FetchQError(.cycle, "operation \(dep) already waits for \(id): the dependency would create a cycle"))
             }
             if dependencies(ofSlot: s).contains(dep) { return .success([]) }
+            // A search-all's queries not sent yet wait too, as with its
+            // "depends_on" (only the merge waited: the ninth review's check
+            // of the docs).
+            let queries = unstartedQueries(ofSlot: s).filter { $0 != dep && !dependencies(ofSlot: liveSlot($0)!).contains(dep) }
+            for query in queries where waits(dep, on: query) {
+                return .failure(FetchQError(.cycle, "operation \(dep) already waits for \(query), a query of search-all \(id): the dependency would create a cycle"))
+            }
             link(s, after: d, edge: .strict)
             if state == .ready { unready(s) }
+            for query in queries {
+                let q = liveSlot(query)!
+                let was = slots[q].state
+                link(q, after: d, edge: .strict)
+                if was == .ready { unready(q) }
+            }
             return .success([])
         }
         guard let done = finishedSlot(dep) else {
@@ -934,6 +947,21 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
             schedule(now: now, into: &actions)
         }
         return .success(actions)
+    }
+
+    /// A search-all's queries (the operations slot `s` collects) that have
+    /// not started: live, waiting or ready.
+    private func unstartedQueries(ofSlot s: Int) -> [OpID] {
+        guard slots[s].links >= 0 else { return [] }
+        return linkTable[Int(slots[s].links)].collects.filter {
+            guard let q = liveSlot($0) else { return false }
+            return slots[q].state == .waiting || slots[q].state == .ready
+        }
+    }
+
+    /// ``unstartedQueries(ofSlot:)`` of operation `id` (none for any other).
+    func unstartedQueries(of id: OpID) -> [OpID] {
+        liveSlot(id).map(unstartedQueries(ofSlot:)) ?? []
     }
 
     /// Makes `id` no longer wait for `dep` (NSOperation.removeDependency):

@@ -1603,7 +1603,8 @@ class Queue(Generic[_F]):
         ``options`` may override the engine's "search" keys (url, results, id,
         sort, order) and take every network and common option (store, cache,
         retry, ...). With ``cache="stale-while-revalidate"``, ``on_update``
-        gets the cached value first."""
+        gets the cached value first. ``progress(received, expected_or_None)``:
+        as for :meth:`request`, for the search's response body."""
         raw = _ffi.encode_str(query, "query")
         state = _OpState("search", self, progress=progress)
         state.on_update = _callable_or_none(on_update, "on_update")
@@ -1660,7 +1661,11 @@ class Queue(Generic[_F]):
         coalesce, cache, ... and
         every common option. With ``cache="stale-while-revalidate"``,
         ``on_update(response)`` gets the cached :class:`Response` (its
-        ``from_cache`` is True) before the future resolves with the fresh one."""
+        ``from_cache`` is True) before the future resolves with the fresh one.
+        ``progress(received, expected_or_None)`` is called as the body arrives
+        (docs/python.md, "Progress"): bytes of the body as ``response.body``
+        has it, ``expected`` None when the server did not say or the body is
+        gzip; a retry counts from 0 again; the last call has the body's size."""
         if not isinstance(method, str) or not isinstance(url, str):
             raise TypeError("method and url must be str")
         req: Dict[str, Any] = {"method": method, "url": url}
@@ -1966,8 +1971,10 @@ class _EngineBase:
 
     def remove_dependency(self, op: OpRef, dep: OpRef) -> None:
         """Makes ``op`` (not started yet) no longer wait for ``dep``
-        (fq_remove_dependency): ``NotFound`` when it does not depend on it,
-        ``StateError`` once it started or for a barrier's wait."""
+        (fq_remove_dependency): ``NotFound`` for an unknown id or when it does
+        not depend on ``dep``; ``StateError`` once it started, for a
+        barrier's wait, for a search-all's own queries, and for a GET that
+        shares another's transfer (``coalesce``)."""
         self._core.call(self._core.lib.fq_remove_dependency,
                         self._core.op_id_of(op), self._core.op_id_of(dep))
 

@@ -691,6 +691,27 @@ def test_remove_dependency_of_a_search_all_lets_its_queries_go(net_engine: fetch
     assert a.result(timeout=TIMEOUT) == "a"
 
 
+def test_add_dependency_to_a_search_all_holds_back_its_queries(net_engine: fetchq.Engine, server: Server) -> None:
+    """As with its "depends_on": the queries are not sent before the
+    dependency ends (only the merge waited)."""
+    held = net_engine.queue("sa-add-held", max_concurrent=1)
+    held.suspend()
+    a = held.submit(lambda: "a")
+    q = net_engine.queue("sa-add", max_concurrent=2)
+    q.suspend()
+    f = q.search_all(["go", "c"])
+    net_engine.add_dependency(f, a)
+    server.reset()
+    q.resume()
+    with pytest.raises(cf.TimeoutError):
+        f.result(timeout=0.3)
+    assert server.stats()["requests"] == 0
+    held.resume()
+    res = f.result(timeout=TIMEOUT)
+    assert set(res["queries"]) == {"go", "c"} and res["count"] > 0
+    assert server.stats()["requests"] == 2
+
+
 def test_search_all_partial_and_fail_fast(net_engine: fetchq.Engine) -> None:
     q = net_engine.queue("sa")
     res = q.search_all(["go", "__fail"]).result(timeout=TIMEOUT)
