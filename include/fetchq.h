@@ -919,7 +919,10 @@ int fq_cancel_all(fq_engine *engine);
  * the "priority" option, as a number). FQ_ERR_STATE once it has started. An
  * operation moved to another level joins it behind those already waiting
  * there; moved back to its first level (the one it was submitted at, or had
- * when fq_add_dependency last made it wait), it takes its old place again. */
+ * when fq_add_dependency last made it wait), it takes its old place again
+ * (the place it had there when it became ready), unless an operation that
+ * was behind that place started meanwhile: then it joins that level behind
+ * those waiting there. */
 int fq_set_priority(fq_engine *engine, fq_op_id id, int priority);
 
 /* Makes `op` also wait for `dep` (like NSOperation's addDependency). `op`
@@ -944,7 +947,8 @@ int fq_add_dependency(fq_engine *engine, fq_op_id op, fq_op_id dep);
  * and ages from then. For a search-all, its queries waiting for `dep` no
  * longer do either. FQ_ERR_NOT_FOUND for an unknown id or when `op` does
  * not depend on `dep`; FQ_ERR_STATE for what is not a dependency of its own:
- * the wait for a barrier of its queue, a search-all's own queries, a
+ * the wait for a barrier of its queue, a wait only through others (a
+ * barrier, or a dependency of a dependency), a search-all's own queries, a
  * coalesced GET that shares another operation's transfer. */
 int fq_remove_dependency(fq_engine *engine, fq_op_id op, fq_op_id dep);
 

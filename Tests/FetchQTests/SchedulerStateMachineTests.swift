@@ -488,7 +488,8 @@ import Testing
                     strict[a]!.remove(b)
                     removed += 1
                 case .failure(let e):
-                    let want: FQStatus = order[a]!.contains(b) ? .state : .notFound
+                    // a barrier's wait, or one through others: not its own
+                    let want: FQStatus = reaches(a, b) ? .state : .notFound
                     #expect(!strict[a]!.contains(b) && e.status == want, "\(a) on \(b): \(e.message)")
                     refused += 1
                 }
@@ -537,6 +538,50 @@ import Testing
         #expect(m.state(of: b) == .ready)
         #expect(started(m.finished(blocker, .succeeded, payload: nil, now: 20)) == [r])
         #expect(started(m.finished(r, .succeeded, payload: nil, now: 30)) == [b])
+    }
+
+    @Test func anOperationMovedWhileItWaitedTakesItsPlaceFromWhenItBecameReady() {
+        // x waits for d and is moved up; d ends (x ready, moved); x is moved
+        // back to its first level: its place there is from when it became
+        // ready, behind y (another host) ready before it. It went back to its
+        // submit's place, ahead of y (the ninth review's model tester).
+        var m = Machine()
+        let q = m.addQueue(name: "q", maxConcurrent: 1)
+        let other = m.addQueue(name: "other", maxConcurrent: 1)
+        let (holder, _) = submit(&m, q, host: "h0:1")
+        _ = m.setSuspended(other, true, now: 0)
+        let (d, _) = submit(&m, other)
+        let (x, _) = submit(&m, q, host: "h1:1", deps: [d])
+        let (y, _) = submit(&m, q, host: "h2:1")
+        _ = try! m.setPriority(x, .high, now: 1).get()
+        #expect(started(m.setSuspended(other, false, now: 2)) == [d])
+        _ = m.finished(d, .succeeded, payload: nil, now: 3)
+        _ = try! m.setPriority(x, .normal, now: 4).get()
+        #expect(started(m.finished(holder, .succeeded, payload: nil, now: 5)) == [y])
+        #expect(started(m.finished(y, .succeeded, payload: nil, now: 6)) == [x])
+    }
+
+    @Test func removeDependencyRefusesAWaitThroughOthers() {
+        var m = Machine()
+        let q = m.addQueue(name: "q", maxConcurrent: 1)
+        _ = m.setSuspended(q, true, now: 0)
+        let (b1, _) = submit(&m, q, barrier: true)
+        let (b2, _) = submit(&m, q, barrier: true)
+        let (x, _) = submit(&m, q)
+        let (a, _) = submit(&m, q, deps: [x])
+        let (z, _) = submit(&m, q, deps: [a])
+        for (op, dep) in [(x, b2), (x, b1), (z, x)] {
+            guard case .failure(let e) = m.removeDependency(op, on: dep, now: 1) else {
+                Issue.record("\(op) on \(dep) was removed")
+                continue
+            }
+            #expect(e.status == .state, "\(op) on \(dep): \(e.message)")
+        }
+        guard case .failure(let e) = m.removeDependency(b1, on: z, now: 1) else {
+            Issue.record("b1 on z was removed")
+            return
+        }
+        #expect(e.status == .notFound)
     }
 
     @Test func longFailureChainDoesNotRecurse() {

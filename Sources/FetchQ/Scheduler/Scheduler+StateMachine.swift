@@ -993,6 +993,11 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
                 let why = slots[d].isBarrier ? "\(dep) is a barrier of its queue" : "\(id) is a barrier of its queue"
                 return .failure(FetchQError(.state, "operation \(id) waits for operation \(dep) because \(why): a barrier's wait cannot be removed"))
             }
+            if liveSlot(dep) != nil, waits(id, on: dep) {
+                // (Through a barrier behind `dep`, or another dependency:
+                // the ninth review's model tester.)
+                return .failure(FetchQError(.state, "operation \(id) waits for operation \(dep) only through others (a barrier, or a dependency of a dependency): that wait cannot be removed from \(id)"))
+            }
             return .failure(FetchQError(.notFound, "operation \(id) does not depend on operation \(dep)"))
         }
         let queries = linkTable[Int(l)].collects
@@ -1452,13 +1457,13 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
     /// it, in its lane and across its queue's lanes, which are compared by
     /// sequence number. (It kept its submit's: one to another host went
     /// ahead of operations ready long before it: the ninth review.)
+    /// Its first level's place is taken now too, so that moved back there
+    /// later (`setPriority`) it is behind those ready before it there (its
+    /// submit's place put it ahead of them: the model tester).
     private mutating func readyAfterWaiting(_ s: Int, now: UInt64) {
         nextSeq += 1
-        if slots[s].level == slots[s].firstLevel {
-            slots[s].seq = nextSeq
-        } else {
-            linkTable[linksIndex(s)].movedSeq = nextSeq
-        }
+        slots[s].seq = nextSeq
+        if slots[s].level != slots[s].firstLevel { linkTable[linksIndex(s)].movedSeq = nextSeq }
         makeReady(s, now: now)
     }
 
