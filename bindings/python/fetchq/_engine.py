@@ -1973,8 +1973,8 @@ class _EngineBase:
         """Makes ``op`` (not started yet) no longer wait for ``dep``
         (fq_remove_dependency): ``NotFound`` for an unknown id or when it does
         not depend on ``dep``; ``StateError`` once it started, for a
-        barrier's wait, for a search-all's own queries, and for a GET that
-        shares another's transfer (``coalesce``)."""
+        barrier's wait or a wait only through others, for a search-all's own
+        queries, and for a GET that shares another's transfer (``coalesce``)."""
         self._core.call(self._core.lib.fq_remove_dependency,
                         self._core.op_id_of(op), self._core.op_id_of(dep))
 
