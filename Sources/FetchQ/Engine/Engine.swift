@@ -471,7 +471,7 @@ public final class Engine: @unchecked Sendable {
                 if let shared = op.carries {
                     // A carrier that never ran (cancelled, waited too long):
                     // its callers end the same way, each by its own deadline.
-                    actions += status == .queueTimeout ? waitedTooLong(shared, &work)
+                    actions += status == .queueTimeout ? endCallersPastTheirWait(shared, &work)
                         : endCallers(shared, outcome, status, reason, &work)
                     continue
                 }
@@ -558,7 +558,7 @@ public final class Engine: @unchecked Sendable {
     func leaderEnded(_ shared: SharedTransfer, _ outcome: Outcome, _ status: FQStatus, _ reason: EndReason,
                      _ work: inout [Work]) -> [Machine.Action] {
         shared.ownerLed = false
-        if status == .queueTimeout { return waitedTooLong(shared, &work) }
+        if status == .queueTimeout { return endCallersPastTheirWait(shared, &work) }
         if reason == .cancelled, !shared.callers.isEmpty, let actions = queueCarrier(shared, &work) {
             return actions
         }
@@ -570,7 +570,7 @@ public final class Engine: @unchecked Sendable {
     /// counts from its own submit: those past it end FQ_ERR_QUEUE_TIMEOUT,
     /// the others get a carrier whose limit is the oldest one's. (A caller
     /// that joined late ended with the first: the ninth review.)
-    private func waitedTooLong(_ shared: SharedTransfer, _ work: inout [Work]) -> [Machine.Action] {
+    private func endCallersPastTheirWait(_ shared: SharedTransfer, _ work: inout [Work]) -> [Machine.Action] {
         let now = monotonicNanos()
         let limit = UInt64(shared.maxWaitMs) * 1_000_000
         var actions: [Machine.Action] = []
