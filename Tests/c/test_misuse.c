@@ -15,6 +15,8 @@
 #include <poll.h>
 #include <stdio.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -239,6 +241,73 @@ TEST(misuse_null_op_result_event_accessors) {
     EXPECT_ST(fq_event_progress(NULL, NULL, NULL), FQ_ERR_INVALID);
     CHECK(fq_event_result(NULL) == NULL);
     CHECK(fq_event_query(NULL) == NULL);
+}
+
+/* A store or cache file in a directory the process may not write to: the
+ * message says why ("Permission denied"), not SQLite's last attempt's "No
+ * such file or directory". Run in a child of its own, which drops root
+ * (CI runs as root, for whom permissions do not apply) to the user nobody;
+ * its two messages come back through a pipe. */
+TEST(misuse_a_file_in_a_directory_not_writable_says_permission_denied) {
+    char dir[] = "/tmp/fq-misuse-eacces-XXXXXX";
+    REQUIRE(mkdtemp(dir) != NULL);
+    REQUIRE(chmod(dir, 0555) == 0);
+    int fds[2];
+    REQUIRE(pipe(fds) == 0);
+    fflush(NULL);
+    pid_t child = fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+        close(fds[0]);
+        if (getuid() == 0 && (setgid(65534) != 0 || setuid(65534) != 0)) _exit(3);
+        char path[128], errbuf[512] = "", out[1200];
+        snprintf(path, sizeof path, "%s/store.db", dir);
+        fq_store *st = fq_store_open(path, errbuf, sizeof errbuf);
+        int stored = fq_last_status();
+        char config[256], engine_err[512] = "";
+        snprintf(config, sizeof config, "{\"log\": \"off\", \"cache\": {\"path\": \"%s/cache.db\"}}", dir);
+        json_t *cfg = json_loads(config, 0, NULL);
+        fq_engine *e = fq_engine_new(cfg, engine_err, sizeof engine_err);
+        int cached = fq_last_status();
+        int n = snprintf(out, sizeof out, "%d %d %d %d\n%s\n%s\n", st != NULL, stored, e != NULL, cached,
+                         errbuf, engine_err);
+        if (write(fds[1], out, (size_t)n) != n) _exit(4);
+        _exit(0);
+    }
+    close(fds[1]);
+    char got[1200] = "";
+    size_t used = 0;
+    ssize_t r;
+    while (used < sizeof got - 1 && (r = read(fds[0], got + used, sizeof got - 1 - used)) > 0) used += (size_t)r;
+    close(fds[0]);
+    int status = 0;
+    REQUIRE(waitpid(child, &status, 0) == child);
+    CHECK_EQ_INT(WIFEXITED(status) ? WEXITSTATUS(status) : -1, 0);
+    int opened = -1, stored = -1, made = -1, cached = -1;
+    CHECK_EQ_INT(sscanf(got, "%d %d %d %d", &opened, &stored, &made, &cached), 4);
+    CHECK_EQ_INT(opened, 0);
+    CHECK_EQ_INT(stored, FQ_ERR_STORE);
+    CHECK_EQ_INT(made, 0);
+    CHECK_EQ_INT(cached, FQ_ERR_STORE);
+    char *store_msg = strchr(got, '\n');
+    REQUIRE(store_msg != NULL);
+    char *cache_msg = strchr(store_msg + 1, '\n');
+    REQUIRE(cache_msg != NULL);
+    *cache_msg++ = '\0';
+    cache_msg[strcspn(cache_msg, "\n")] = '\0';
+    CHECK_CONTAINS(store_msg, "store.db");
+    CHECK_CONTAINS(store_msg, "Permission denied");
+    CHECK_CONTAINS(cache_msg, "cache.db");
+    CHECK_CONTAINS(cache_msg, "Permission denied");
+    h_note("store: %s", store_msg + 1);
+    h_note("cache: %s", cache_msg);
+    /* nothing was made there */
+    char leftover[160];
+    snprintf(leftover, sizeof leftover, "%s/store.db", dir);
+    CHECK(access(leftover, F_OK) != 0);
+    snprintf(leftover, sizeof leftover, "%s/cache.db", dir);
+    CHECK(access(leftover, F_OK) != 0);
+    CHECK_EQ_INT(rmdir(dir), 0);
 }
 
 TEST(misuse_null_store_arguments) {

@@ -79,9 +79,10 @@ final class SQLiteConnection<Failure: Error> {
         let flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX
         let rc = sqlite3_open_v2(path, &handle, flags, nil)
         guard rc == SQLITE_OK, let handle else {
+            let reason = (rc & 0xFF) == SQLITE_CANTOPEN ? Self.creationReason(path) : nil
             let message =
                 (handle.map { String(cString: sqlite3_errmsg($0)) }
-                ?? String(cString: sqlite3_errstr(rc))) + Self.systemReason(handle, rc)
+                ?? String(cString: sqlite3_errstr(rc))) + (reason ?? Self.systemReason(handle, rc))
             sqlite3_close_v2(handle)
             throw mapError(
                 SQLiteError(
@@ -372,6 +373,26 @@ final class SQLiteConnection<Failure: Error> {
             SQLiteError(
                 reason: .failed(detail: "\(what): \(message) (SQLite code \(rc))\(Self.systemReason(db, rc))"),
                 status: status, code: rc))
+    }
+
+    /// ": REASON" when the file `path` names is not there and cannot be made
+    /// in its directory (permission, a read-only file system, a missing
+    /// directory); nil when it is there, or its directory looks writable.
+    /// SQLite's own errno is that of its last attempt, a read-only open of
+    /// the missing file: "No such file or directory" whatever the reason
+    /// (the ninth review).
+    static func creationReason(_ path: String) -> String? {
+        var info = stat()
+        if stat(path, &info) == 0 { return nil }
+        guard errno == ENOENT else { return ": " + String(cString: strerror(errno)) }
+        let directory: String
+        if let slash = path.utf8.lastIndex(of: UInt8(ascii: "/")) {
+            directory = slash == path.utf8.startIndex ? "/" : String(path[..<slash])
+        } else {
+            directory = "."
+        }
+        guard access(directory, W_OK | X_OK) != 0 else { return nil }
+        return ": " + String(cString: strerror(errno))
     }
 
     /// ": REASON" — the system's reason (strerror of the errno SQLite saw)
