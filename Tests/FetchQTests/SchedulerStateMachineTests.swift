@@ -515,6 +515,53 @@ import Testing
         #expect(m.liveCount == 0)
     }
 
+    @Test
+    func aDependencyAddedAgainCountsOnceWhicheverSideHasTheShorterList() {
+        // The check for an edge already there looks in the shorter of the
+        // waiter's dependencies and the dependency's dependents: a fan-in
+        // (one operation waiting for many) and a fan-out (many waiting for
+        // one), each edge added twice, must each be removable once only,
+        // and every operation must still start after what it waits for.
+        var m = Machine()
+        let q = m.addQueue(name: "q", maxConcurrent: 1)
+        _ = m.setSuspended(q, true, now: 0)
+        let many = (0..<40).map { _ in submit(&m, q).0 }
+        let (fanIn, _) = submit(&m, q)
+        let (root, _) = submit(&m, q)
+        let fanOut = (0..<40).map { _ in submit(&m, q).0 }
+        for round in 0..<2 {
+            for d in many { #expect(throws: Never.self, "round \(round)") { try m.addDependency(fanIn, on: d, now: 0).get() } }
+            for w in fanOut { #expect(throws: Never.self, "round \(round)") { try m.addDependency(w, on: root, now: 0).get() } }
+        }
+        for d in many.prefix(20) {
+            #expect(throws: Never.self) { try m.removeDependency(fanIn, on: d, now: 0).get() }
+            guard case .failure(let e) = m.removeDependency(fanIn, on: d, now: 0) else {
+                Issue.record("\(fanIn) on \(d) removed twice")
+                continue
+            }
+            #expect(e.status == .notFound)
+        }
+        for w in fanOut.prefix(20) {
+            #expect(throws: Never.self) { try m.removeDependency(w, on: root, now: 0).get() }
+            guard case .failure(let e) = m.removeDependency(w, on: root, now: 0) else {
+                Issue.record("\(w) on \(root) removed twice")
+                continue
+            }
+            #expect(e.status == .notFound)
+        }
+        var order: [OpID] = started(m.setSuspended(q, false, now: 0))
+        var i = 0
+        while i < order.count, i < 200 {
+            order += started(m.finished(order[i], .succeeded, payload: nil, now: 0))
+            i += 1
+        }
+        #expect(order.count == many.count + 2 + fanOut.count)
+        let at = Dictionary(uniqueKeysWithValues: order.enumerated().map { ($1, $0) })
+        for d in many.suffix(20) { #expect(at[d]! < at[fanIn]!) }
+        for w in fanOut.suffix(20) { #expect(at[root]! < at[w]!) }
+        #expect(m.liveCount == 0)
+    }
+
     @Test(arguments: [false, true])
     func anOperationReadyWhenItsDependencyGoesIsBehindThoseReadyBefore(removed: Bool) {
         // B (one host) waits for X; R (another host) is ready after B's
