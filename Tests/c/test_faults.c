@@ -87,6 +87,11 @@ static const fault_row rows[] = {
      {OKC(200, V_DRIP), OKC(200, V_DRIP), PARSE200}},
     {"Content-Length 100, 50 sent `/wrong-length`", "/wrong-length?declared=100&actual=50", "",
      "", 1, false, 0, ALL3(ERR(FQ_ERR_NETWORK, 0))},
+    /* a false Content-Length under a large cap: the body's buffer is not
+     * reserved at the declared size (a terabyte ended the process) */
+    {"Content-Length 10^12, 50 sent, max_response_bytes 2^40 `/wrong-length`",
+     "/wrong-length?declared=1000000000000&actual=50", "\"max_response_bytes\": 1099511627776", "",
+     1, false, 0, ALL3(ERR(FQ_ERR_NETWORK, 0))},
     /* the client reads the declared 50 bytes: truncated JSON */
     {"Content-Length 50, 100 sent `/wrong-length`", "/wrong-length?declared=50&actual=100", "",
      "", 1, false, 0, ALL3(PARSE200)},

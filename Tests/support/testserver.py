@@ -970,7 +970,7 @@ class Routes:
         return None
 
     async def wrong_length(self, conn, req):
-        declared = qint(req.query, "declared", 100, 0, MAX_GEN)
+        declared = qint(req.query, "declared", 100, 0, 1 << 62)  # only sent, not made
         actual = qint(req.query, "actual", 50, 0, MAX_GEN)
         conn.write(build_head(200, [("Content-Type", JSON), ("Content-Length", declared)],
                               False))

@@ -322,6 +322,9 @@ final class CurlTransfer: @unchecked Sendable {
 
     /// Body bytes (already content-decoded). Returning less than `count` makes
     /// curl stop with CURLE_WRITE_ERROR.
+    /// The most a body's buffer reserves up front from its Content-Length.
+    static let largestReservation = 16 << 20
+
     fileprivate func receiveBody(_ data: UnsafeRawPointer, _ count: Int) -> Int {
         let cap = request.maxResponseBytes
         if cap > 0 && body.count + count > cap {
@@ -340,9 +343,11 @@ final class CurlTransfer: @unchecked Sendable {
                     capExceeded = true
                     return 0
                 }
-                // A hint only (encoded size); bounded by the cap, or by 16 MiB with no cap,
-                // so a lying Content-Length cannot make us allocate.
-                body.reserveCapacity(min(Int(length), cap > 0 ? cap : 16 << 20))
+                // A hint only (encoded size), bounded by 16 MiB whatever the
+                // cap, so a lying Content-Length cannot make us allocate: one
+                // of 10^12 under a cap of 2^40 ended the process (the tenth
+                // review). A larger body grows the buffer as it arrives.
+                body.reserveCapacity(min(Int(length), cap > 0 ? cap : Int.max, Self.largestReservation))
             }
         }
         body.append(contentsOf: UnsafeRawBufferPointer(start: data, count: count))
