@@ -545,7 +545,12 @@ fq_op_id fq_submit_async(fq_queue *queue, fq_async_fn fn, const json_t *options,
  *                ends FQ_ERR_NETWORK and is not retried: the server would
  *                send it alike. Waiting for a retry holds no
  *                slot; cancelling then ends the operation at once. The metrics'
- *                "attempts" counts the tries. Apart from retries: when a
+ *                "attempts" counts the tries; the request the HTTP cache
+ *                makes again without validators after a 304 (see "cache") is
+ *                one, but not a retry: it does not count against "max". A
+ *                retry of a GET the cache revalidates sends the same
+ *                validators; its answer is stored, and stale-while-revalidate
+ *                keeps the stale value if the last one fails. Apart from retries: when a
  *                kept-alive HTTP/1.1 connection closes before any byte of the
  *                answer, libcurl sends an idempotent request again on another
  *                connection, each time that happens: after a server restart,
@@ -610,7 +615,11 @@ fq_op_id fq_submit_async(fq_queue *queue, fq_async_fn fn, const json_t *options,
  *                "stale-while-revalidate" sends no update event and keeps no
  *                stale value.
  *                Only responses that carry Cache-Control or Expires are stored,
- *                and never one reached through a redirect. An entry answers
+ *                and never one reached through a redirect; a newer answer not
+ *                stored for want of them (with a status the cache stores)
+ *                removes the entry it would have replaced. A 304 reached
+ *                through a redirect (libcurl carries the validators to the
+ *                same host) makes the request again without validators. An entry answers
  *                only a request with the same URL and headers (Cache-Control
  *                and Pragma aside: a "no-cache" request refreshes the entry
  *                the others use), the same "verify_tls" and "ca_file", and

@@ -297,6 +297,115 @@ import Testing
         }
     }
 
+    /// The test server's `/steps` route for `key`, answering request n
+    /// with step n of `steps` (see testserver.py).
+    func stepsURL(_ key: String, _ steps: String) -> String {
+        server.url("/steps?key=\(key)&s=\(URLUtilities.percentEncode(steps))")
+    }
+
+    /// The If-None-Match of each request the server logged for `/steps`, in
+    /// order ("" for none).
+    func validatorsSentToSteps() throws -> [String] {
+        let log = try JSONParser.parse(try server.get("/stats").1, maxDepth: 64)
+        return (0..<50).compactMap { i -> String? in
+            guard log.at("/headers_log/\(i)/path")?.stringValue == "/steps" else { return nil }
+            return log.at("/headers_log/\(i)/headers/if-none-match")?.stringValue ?? ""
+        }
+    }
+
+    /// A retry keeps what the cache gave the first attempt: its validators
+    /// are sent again, stale-while-revalidate's stale value stays the value
+    /// of the failure, and a retry's answer is stored. (Each retry was made
+    /// without the cache: the tenth review.)
+    @Test func aRetryKeepsTheCacheOfItsFirstAttempt() throws {
+        _ = try server.get("/stats/reset")
+        try withEngine { engine, queue, c in
+            let stale = stepsURL("swr-retry", #"200;Cache-Control=max-age=0;ETag="v1";body={"v": 1}|503;body={"busy": true}"#)
+            #expect(c.wait(try engine.request(#"{"url": "\#(stale)"}"#, on: queue, c))?.outcome == .succeeded)
+            let id = try engine.request(#"{"url": "\#(stale)"}"#,
+                                        options: #"{"cache": "stale-while-revalidate", "retry": {"max": 2, "base": 0.01}}"#,
+                                        on: queue, c)
+            let r = try #require(c.wait(id))
+            #expect(r.outcome == .failed)
+            #expect(r.status == .http)
+            #expect(r.http?.status == 503)
+            #expect(r.http?.metrics?.at("/attempts")?.integerValue == 3)
+            #expect(r.value?.at("/v")?.integerValue == 1)
+            #expect(r.message?.contains("the stale cached value is kept") == true)
+            #expect(c.allEvents.filter { $0.id == id && $0.kind == .update }.count == 1)
+            #expect(try validatorsSentToSteps() == ["", #""v1""#, #""v1""#, #""v1""#])
+
+            let late = stepsURL("store-retry", #"503;body={}|200;Cache-Control=max-age=300;body={"v": 2}"#)
+            let first = try #require(c.wait(try engine.request(#"{"url": "\#(late)"}"#,
+                                                               options: #"{"retry": {"max": 1, "base": 0.01}}"#, on: queue, c)))
+            #expect(first.outcome == .succeeded)
+            #expect(first.http?.metrics?.at("/attempts")?.integerValue == 2)
+            let second = try #require(c.wait(try engine.request(#"{"url": "\#(late)"}"#, on: queue, c)))
+            #expect(second.fromCache == true)
+            #expect(second.value?.at("/v")?.integerValue == 2)
+        }
+        #expect(try serverCount("/steps") == 6)
+    }
+
+    /// The request made again without validators after a 304 that no entry
+    /// could take is the cache's, not a retry: a 503 after it is still
+    /// retried with "max": 1. (It used the retry up: the tenth review.)
+    @Test func theRequestMadeAgainAfterA304IsNotARetry() throws {
+        _ = try server.get("/stats/reset")
+        try withEngine { engine, queue, c in
+            let url = stepsURL("again", #"200;Cache-Control=max-age=0;ETag="v1";body={"v": 1}|304;ETag="v2"|503;body={}|200;Cache-Control=max-age=0;body={"v": 4}"#)
+            #expect(c.wait(try engine.request(#"{"url": "\#(url)"}"#, on: queue, c))?.outcome == .succeeded)
+            let r = try #require(c.wait(try engine.request(#"{"url": "\#(url)"}"#,
+                                                           options: #"{"retry": {"max": 1, "base": 0.01}}"#, on: queue, c)))
+            #expect(r.outcome == .succeeded)
+            #expect(r.value?.at("/v")?.integerValue == 4)
+            #expect(r.http?.metrics?.at("/attempts")?.integerValue == 3)
+            #expect(try validatorsSentToSteps() == ["", #""v1""#, "", ""])
+        }
+        #expect(try serverCount("/steps") == 4)
+    }
+
+    /// A revalidation that a redirect takes to a URL answering 304 to the
+    /// validators libcurl carried there is asked again without them: the
+    /// caller gets the redirect's target, not "HTTP status 304". (The
+    /// tenth review.)
+    @Test func aRevalidationRedirectedToA304IsAskedAgain() throws {
+        _ = try server.get("/stats/reset")
+        try withEngine { engine, queue, c in
+            let url = stepsURL("moved", #"200;Cache-Control=max-age=0;ETag="same";body={"v": 1}|301;Location=/etag?key=t&version=same"#)
+            #expect(c.wait(try engine.request(#"{"url": "\#(url)"}"#, on: queue, c))?.outcome == .succeeded)
+            let r = try #require(c.wait(try engine.request(#"{"url": "\#(url)"}"#, on: queue, c)))
+            #expect(r.outcome == .succeeded, "\(r.message ?? "")")
+            #expect(r.http?.status == 200)
+            #expect(r.value?.at("/version")?.stringValue == "same")
+            #expect(r.fromCache == false)
+        }
+        #expect(try serverCount("/steps") == 3)
+        #expect(try serverCount("/etag") == 2)
+    }
+
+    /// A newer answer that is not stored (no Cache-Control or Expires) takes
+    /// the older entry's place all the same: the entry goes, and the next
+    /// plain request asks the server. (It went on answering: the tenth
+    /// review.)
+    @Test(arguments: [#"{"cache": "reload"}"#, nil])
+    func aNewerAnswerNotStoredRemovesTheOlderEntry(options: String?) throws {
+        _ = try server.get("/stats/reset")
+        try withEngine { engine, queue, c in
+            let key = options == nil ? "newer-no-cache" : "newer-reload"
+            let url = stepsURL(key, #"200;Cache-Control=max-age=300;body={"v": 1}|200;ETag="v2";body={"v": 2}"#)
+            let headers = options == nil ? #"{"Cache-Control": "no-cache"}"# : "{}"
+            #expect(c.wait(try engine.request(#"{"url": "\#(url)"}"#, on: queue, c))?.value?.at("/v")?.integerValue == 1)
+            let newer = try #require(c.wait(try engine.request(#"{"url": "\#(url)", "headers": \#(headers)}"#,
+                                                               options: options, on: queue, c)))
+            #expect(newer.value?.at("/v")?.integerValue == 2)
+            let plain = try #require(c.wait(try engine.request(#"{"url": "\#(url)"}"#, on: queue, c)))
+            #expect(plain.fromCache == false)
+            #expect(plain.value?.at("/v")?.integerValue == 2)
+        }
+        #expect(try serverCount("/steps") == 3)
+    }
+
     @Test func searchesUseTheSameCache() throws {
         _ = try server.get("/stats/reset")
         let config = #"{"search": {"url": "\#(server.url("/search?q={query}&rpp=500&max_age=60"))", "results": "/results"}}"#

@@ -630,7 +630,7 @@ class Routes:
             "/deep": self.deep, "/invalid-utf8": self.invalid_utf8,
             "/empty": self.empty, "/204": self.no_content, "/echo": self.echo, "/reals": self.reals,
             "/flaky": self.flaky, "/retry-after": self.retry_after,
-            "/etag": self.etag, "/cache": self.cache, "/stats": self.stats,
+            "/etag": self.etag, "/cache": self.cache, "/steps": self.steps, "/stats": self.stats,
             "/stats/reset": self.stats_reset,
         }
         prefixes = [("/status/", self.status), ("/file/", self.file)]
@@ -884,6 +884,35 @@ class Routes:
                 if cand == tag or cand == "*":
                     return Response(304, b"", None, hdrs)
         return jresp({"key": key, "version": version, "count": i}, 200, hdrs)
+
+    def steps(self, conn, req):
+        """A scripted answer per request: `s` lists steps separated by "|",
+        the n-th request for `key` getting the n-th (the last one repeats).
+        A step is "STATUS;Name=value;...;body=TEXT" (JSON Content-Type; a 304
+        or 204 sends no body). "304if=TAG" answers 304 when If-None-Match
+        names "TAG", and the rest of the step otherwise."""
+        key = req.query.get("key", "")
+        spec = req.query.get("s", "200").split("|")
+        i = STATS.bump("steps", key)
+        fields = spec[min(i, len(spec)) - 1].split(";")
+        try:
+            status = int(fields[0])
+        except ValueError:
+            raise HttpError(400, "a step starts with its status") from None
+        hdrs, body, match = [], b"", None
+        for field in fields[1:]:
+            name, _, value = field.partition("=")
+            if name == "body":
+                body = value.encode()
+            elif name == "304if":
+                match = '"%s"' % value
+            else:
+                hdrs.append((name, value))
+        if match is not None and req.headers.get("if-none-match") == match:
+            return Response(304, b"", None, hdrs)
+        if status in (204, 304):
+            return Response(status, b"", None, hdrs)
+        return Response(status, body, JSON, hdrs)
 
     def cache(self, conn, req):
         key = req.query.get("key", "")

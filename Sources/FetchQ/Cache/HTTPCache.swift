@@ -360,6 +360,14 @@ public final class HTTPCache: Sendable {
         state.withLock { state in drop(key, &state) }
     }
 
+    /// Removes the entry for `key` if there is one (in memory or in the
+    /// file's index): nothing is written otherwise.
+    public func removeIfHeld(_ key: String) {
+        state.withLock { state in
+            if state.entries.slot(of: key) != nil || state.cold.contains(key) { drop(key, &state) }
+        }
+    }
+
     /// Removes every entry for `url`, whatever its request headers (keys made by ``key(method:url:headers:)``
     /// for a GET of `url`, with anything after): after an unsafe request to it succeeded,
     /// what is stored may no longer be what the server has (RFC 9111 §4.4). Returns how

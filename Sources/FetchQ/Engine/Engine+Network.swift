@@ -43,9 +43,18 @@ extension Engine {
     func startTransfer(_ op: Operation, _ job: NetworkJob, attempt: Int, existing: [CurlTransport]) {
         var job = job
         var cacheContext: CacheContext? = nil
-        if attempt > 1, let carried = lock.withLock({ op.askingAgain.take() }) {
-            cacheContext = carried  // no lookup, no validators: the answer is stored
-        } else if let cache = httpCache, let key = job.cacheKey, attempt == 1 {
+        if attempt > 1 {
+            // A retry, or the request made again after a 304 no entry could
+            // take: no lookup; the first attempt's validators again (none
+            // when asked again), its answer stored, the stale value kept.
+            // (Each retry was made without any: the tenth review.)
+            if let carried = lock.withLock({ op.nextAttemptCache.take() }) {
+                cacheContext = carried
+                if !carried.askedAgain, let entry = carried.entry {
+                    job.request.headers += HTTPCache.conditionalHeaders(for: entry)
+                }
+            }
+        } else if let cache = httpCache, let key = job.cacheKey {
             let control = job.requestCacheControl
             var context = CacheContext(key: key, requestCacheControl: control)
             var found: HTTPCache.Lookup = job.cache == .reload ? .miss : cache.lookup(key, now: wallClockSeconds(), requestCacheControl: control)
@@ -246,6 +255,8 @@ extension Engine {
         // A 304 that no entry can take (another entity tag, or none left):
         // the request goes again without validators (RFC 9111 §4.3.4), at once.
         var askAgain = false
+        // What the next attempt keeps, if there is one.
+        var nextAttempt = context
         if let cache = httpCache, case .success(let response) = outcome, response.status < 400,
            !Self.isSafe(job.request.method) {
             // An unsafe request that succeeded: the stored answers for its URL
@@ -257,7 +268,14 @@ extension Engine {
             if response.metrics.redirects > 0 {
                 // The answer of another URL: never stored under this one's
                 // key (that would keep the redirect, which may change, for
-                // as long as the target may be cached).
+                // as long as the target may be cached). A 304 there answered
+                // the validators libcurl carried to it, which no entry can
+                // take: asked again without them (the tenth review: it ended
+                // FQ_ERR_HTTP 304 with no body).
+                if response.status == 304, context.entry != nil, !context.askedAgain {
+                    askAgain = true
+                    nextAttempt?.askedAgain = true
+                }
             } else if response.status == 304, let validated = context.entry, !context.askedAgain {
                 if let refreshed = cache.refresh(context.key, notModifiedHeaders: response.headers, now: now,
                                                  validated: validated) {
@@ -268,9 +286,7 @@ extension Engine {
                     fromCache = true
                 } else {
                     askAgain = true
-                    var carried = context
-                    carried.askedAgain = true
-                    lock.withLock { op.askingAgain = carried }
+                    nextAttempt?.askedAgain = true
                 }
             } else if response.headers.contains(where: { Self.isCachingHeader($0.name) }) {
                 // Only responses that say how to cache them (Cache-Control or
@@ -278,6 +294,11 @@ extension Engine {
                 // with just a validator cost every request a copy of its body.
                 cache.store(context.key, status: response.status, headers: response.headers, body: response.body,
                             requestCacheControl: context.requestCacheControl, now: now)
+            } else if HTTPCache.cacheableStatuses.contains(response.status) {
+                // A newer answer, not stored: the entry it replaces is out
+                // of date (it went on answering after a "reload" or a
+                // "no-cache" request: the tenth review).
+                cache.removeIfHeld(context.key)
             }
         }
         if let cache = httpCache, cache.persistPath != nil, cache.takeReopened() {
@@ -290,7 +311,10 @@ extension Engine {
             logger.warning("http cache: not written to its file", metadata: ["path": "\(cache.persistPath ?? "")",
                                                                            "error": "\(error.message)"])
         }
-        if let delay = askAgain ? 0 : job.retry.delay(after: outcome, attempt: attempts, method: job.request.method,
+        // The request made again after a 304 is the cache's, not a retry:
+        // it does not count against "max" (it did: the tenth review).
+        let retries = attempts - (context?.askedAgain == true ? 1 : 0)
+        if let delay = askAgain ? 0 : job.retry.delay(after: outcome, attempt: retries, method: job.request.method,
                                                       now: wallClockSeconds()) {
             lock.lock()
             // A leading caller cancelled since the top of this function (the
@@ -299,6 +323,7 @@ extension Engine {
             // transfer with the failed attempt: the ninth review.)
             let op = op.isCancelled ? (op.handedTo ?? op) : op
             if machine.state(of: op.id) == .running && !op.isCancelled {
+                op.nextAttemptCache = nextAttempt
                 transferLock.withLock { op.transfer = nil }
                 let now = monotonicNanos()
                 let until = now + UInt64(min(delay, 86_400) * 1e9)

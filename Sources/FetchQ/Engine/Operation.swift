@@ -110,10 +110,10 @@ public final class Operation: @unchecked Sendable {
         get { net?.lastProgress }
         set { net?.lastProgress = newValue }
     }
-    /// See `NetworkState.askingAgain` (guarded by the engine's lock).
-    var askingAgain: Engine.CacheContext? {
-        get { net?.askingAgain }
-        set { net?.askingAgain = newValue }
+    /// See `NetworkState.nextAttemptCache` (guarded by the engine's lock).
+    var nextAttemptCache: Engine.CacheContext? {
+        get { net?.nextAttemptCache }
+        set { net?.nextAttemptCache = newValue }
     }
     /// A coalesced caller: the transfer it shares (guarded by the engine's lock).
     var shared: SharedTransfer? {
@@ -230,7 +230,10 @@ final class NetworkState {
     var carries: SharedTransfer?
     var leads: SharedTransfer?
     var handedTo: Operation?
-    /// A 304 that no entry could take: the cache context the next attempt,
-    /// made without validators, keeps (guarded by the engine's lock).
-    var askingAgain: Engine.CacheContext?
+    /// The cache context of the first attempt, which the next one keeps: a
+    /// retry sends the same validators, stores its answer and keeps the
+    /// stale value stale-while-revalidate delivered; after a 304 that no
+    /// entry could take, it is made without validators (guarded by the
+    /// engine's lock).
+    var nextAttemptCache: Engine.CacheContext?
 }
