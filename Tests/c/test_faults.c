@@ -95,6 +95,10 @@ static const fault_row rows[] = {
     /* the client reads the declared 50 bytes: truncated JSON */
     {"Content-Length 50, 100 sent `/wrong-length`", "/wrong-length?declared=50&actual=100", "",
      "", 1, false, 0, ALL3(PARSE200)},
+    /* libcurl ends it CURLE_BAD_FUNCTION_ARGUMENT: the server's doing, not
+     * the caller's (it was FQ_ERR_INVALID: the tenth review) */
+    {"chunked, a trailer line without a colon `/bad-trailer`", "/bad-trailer", "", "", 1, false, 0,
+     ALL3(ERR(FQ_ERR_NETWORK, 0))},
     {"bad gzip `/bad-gzip`", "/bad-gzip", "", "", 1, false, 0, ALL3(ERR(FQ_ERR_NETWORK, 0))},
     {"redirect loop `/redirect-loop`", "/redirect-loop", "", "", 6, false, 0,
      ALL3(ERR(FQ_ERR_REDIRECT, 0))},

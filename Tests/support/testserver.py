@@ -626,7 +626,8 @@ class Routes:
             "/reset": self.reset, "/reset-after-headers": self.reset_after_headers,
             "/wrong-length": self.wrong_length, "/redirect": self.redirect,
             "/redirect-loop": self.redirect_loop, "/redirect-to": self.redirect_to,
-            "/gzip": self.gzip, "/bad-gzip": self.bad_gzip, "/bytes": self.bytes_route,
+            "/gzip": self.gzip, "/bad-gzip": self.bad_gzip, "/bad-trailer": self.bad_trailer,
+            "/bytes": self.bytes_route,
             "/deep": self.deep, "/invalid-utf8": self.invalid_utf8,
             "/empty": self.empty, "/204": self.no_content, "/echo": self.echo, "/reals": self.reals,
             "/flaky": self.flaky, "/retry-after": self.retry_after,
@@ -996,6 +997,15 @@ class Routes:
         # Give the client a moment to read the headers before the RST lands.
         await conn.sleep_or_gone(0.05)
         conn.reset()
+        return None
+
+    async def bad_trailer(self, conn, req):
+        # A whole chunked JSON body, then a trailer line without a colon.
+        body = jbytes({"trailer": "bad"})
+        conn.write(build_head(200, [("Content-Type", JSON), ("Transfer-Encoding", "chunked")], False)
+                   + b"%x\r\n" % len(body) + body + b"\r\n0\r\ngarbage\r\n\r\n")
+        await conn.drain()
+        conn.close()
         return None
 
     async def wrong_length(self, conn, req):

@@ -635,6 +635,13 @@ final class CurlTransfer: @unchecked Sendable {
                 }
             }
             kind = TransportError.refinedKind(kind, code: code, text: text)
+            if code == CURLE_BAD_FUNCTION_ARGUMENT && answeredSinceRequest {
+                // libcurl's code for a malformed trailer of a chunked body
+                // ("Failed reading the chunked-encoded stream"): the
+                // server's doing, not a bad request (it was FQ_ERR_INVALID,
+                // never retried: the tenth review).
+                kind = .network
+            }
             if kind == .connect && osErrno != 0, let reason = strerror(Int32(osErrno)) {
                 // curl says "Couldn't connect to server" for a refused port and
                 // for a process out of descriptors alike.
