@@ -620,7 +620,8 @@ fq_op_id fq_submit_async(fq_queue *queue, fq_async_fn fn, const json_t *options,
  *                removes the entry it would have replaced. A 304 reached
  *                through a redirect (libcurl carries the validators to the
  *                same host) makes the request again without validators. An entry answers
- *                only a request with the same URL and headers (Cache-Control
+ *                only a request with the same URL (its scheme and host in
+ *                any case, a fragment aside: RFC 9110 §4.2.3) and headers (Cache-Control
  *                and Pragma aside: a "no-cache" request refreshes the entry
  *                the others use), the same "verify_tls" and "ca_file", and
  *                redirects followed or not alike, and the same

@@ -223,6 +223,33 @@ import Testing
         }
     }
 
+    /// URLs are compared as the server sees them: scheme and host in any
+    /// case, with or without a fragment, name one entry, and an unsafe
+    /// request to any of those forms removes it. (A POST to "HTTP://..." or
+    /// to ".../inv" left the entries of "http://..." and ".../inv#top":
+    /// the tenth review.)
+    @Test func theCacheComparesURLsAsTheServerDoes() throws {
+        _ = try server.get("/stats/reset")
+        try withEngine { engine, queue, c in
+            let url = server.url("/cache?max_age=60&key=forms")
+            let upper = "HTTP://" + url.dropFirst("http://".count)
+            func get(_ u: String) throws -> OperationResult {
+                try #require(c.wait(try engine.request(#"{"url": "\#(u)"}"#, on: queue, c)))
+            }
+            #expect(try get(url).fromCache == false)
+            #expect(try get(upper).fromCache == true)
+            #expect(try get(url + "#top").fromCache == true)
+            for unsafe in [upper, url + "#top"] {
+                let post = try #require(c.wait(try engine.request(#"{"url": "\#(unsafe)", "method": "POST", "body": "x"}"#,
+                                                                  on: queue, c)))
+                #expect(post.outcome == .succeeded)
+                #expect(try get(url).fromCache == false, "\(unsafe)")
+                #expect(try get(url + "#top").fromCache == true)
+            }
+        }
+        #expect(try serverCount("/cache") == 5)
+    }
+
     /// A fresh entry answers without the network, so it takes no slot of its
     /// host and no rate token: it answers while the host's one slot is held
     /// by a stalled request, and after the only token of the next 1000 s

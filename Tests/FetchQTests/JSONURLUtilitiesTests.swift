@@ -53,6 +53,21 @@ import Testing
         #expect(try URLUtilities.expandTemplate("http://h/{query}{query}", query: ".") == "http://h/%2E%2E")
     }
 
+    @Test func theCacheFormLowersSchemeAndHostAndDropsTheFragment() {
+        let cases: [(String, String)] = [
+            ("HTTP://Example.COM:8080/Path/X?Q=A#Top", "http://example.com:8080/Path/X?Q=A"),
+            ("http://127.0.0.1:1/inv#top", "http://127.0.0.1:1/inv"),
+            ("https://Alice:PassWord@Host.Example/P", "https://Alice:PassWord@host.example/P"),
+            ("http://[FE80::1]:80/A", "http://[fe80::1]:80/A"),
+            ("HTTP://H?A=B", "http://h?A=B"),
+            ("http://h/a", "http://h/a"),
+            ("not a url#x", "not a url"),
+            ("mailto:X@Y", "mailto:X@Y"),
+        ]
+        for (url, form) in cases { #expect(URLUtilities.cacheForm(url) == form, "\(url)") }
+        #expect(HTTPCache.key(method: "GET", url: "HTTP://H/x#f", headers: []) == HTTPCache.key(method: "GET", url: "http://h/x", headers: []))
+    }
+
     @Test func nonASCIIBytesArePercentEncodedAndPasswordsRedacted() {
         #expect(URLUtilities.encodingNonASCII("http://h/caf\u{e9}?q=\u{e9}&r=%c3%a9") == "http://h/caf%C3%A9?q=%C3%A9&r=%c3%a9")
         #expect(URLUtilities.encodingNonASCII("http://h/a?b") == "http://h/a?b")

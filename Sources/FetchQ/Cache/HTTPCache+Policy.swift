@@ -22,7 +22,8 @@ extension HTTPCache {
         return total
     }
 
-    /// A cache key naming a request: the method, the URL, and every request header
+    /// A cache key naming a request: the method, the URL (scheme and host in lower case,
+    /// no fragment: ``URLUtilities/cacheForm(_:)``), and every request header
     /// (names lowercased, sorted by name, the order of repeated names kept) but
     /// `Cache-Control` and `Pragma`.
     ///
@@ -40,7 +41,7 @@ extension HTTPCache {
             if name != "cache-control" && name != "pragma" { lines.append((name, header.value, order)) }
         }
         lines.sort { $0.name != $1.name ? $0.name < $1.name : $0.order < $1.order }
-        var key = method + " " + url
+        var key = method + " " + URLUtilities.cacheForm(url)
         for line in lines { key += "\n" + line.name + ": " + line.value }
         return key
     }

@@ -374,7 +374,7 @@ public final class HTTPCache: Sendable {
     /// many were removed.
     @discardableResult
     public func invalidate(url: String) -> Int {
-        let exact = "GET " + url
+        let exact = "GET " + URLUtilities.cacheForm(url)
         let prefix = exact + "\n"
         return state.withLock { state in
             let matching = (state.entries.keys + state.cold.keys).filter {  // by bytes, as keys are compared

@@ -131,6 +131,37 @@ public enum URLUtilities {
         return (start, at)
     }
 
+    /// `url` as the HTTP cache compares it: scheme and host in lower case
+    /// (RFC 9110 §4.2.3: they are case-insensitive), and no fragment (it is
+    /// never sent). The userinfo, path and query are kept as they are.
+    public static func cacheForm(_ url: String) -> String {
+        var bytes = Array(url.utf8)
+        var changed = false
+        if let hash = bytes.firstIndex(of: UInt8(ascii: "#")) {
+            bytes.removeSubrange(hash...)
+            changed = true
+        }
+        if let colon = bytes.firstIndex(of: UInt8(ascii: ":")), colon > 0,
+           bytes[..<colon].allSatisfy({ isSchemeByte($0) }) {
+            var end = colon  // the scheme, then the host (and port) after "//"
+            if colon + 2 < bytes.count, bytes[colon + 1] == UInt8(ascii: "/"), bytes[colon + 2] == UInt8(ascii: "/") {
+                let start = colon + 3
+                end = start
+                while end < bytes.count, bytes[end] != UInt8(ascii: "/"), bytes[end] != UInt8(ascii: "?") { end += 1 }
+                let host = bytes[start..<end].lastIndex(of: UInt8(ascii: "@")).map { $0 + 1 } ?? start
+                for i in host..<end where bytes[i] != asciiLowercased(bytes[i]) {
+                    bytes[i] = asciiLowercased(bytes[i])
+                    changed = true
+                }
+            }
+            for i in 0..<colon where bytes[i] != asciiLowercased(bytes[i]) {
+                bytes[i] = asciiLowercased(bytes[i])
+                changed = true
+            }
+        }
+        return changed ? String(decoding: bytes, as: UTF8.self) : url
+    }
+
     /// A letter, digit, `+`, `-` or `.` (RFC 3986 §3.1).
     private static func isSchemeByte(_ byte: UInt8) -> Bool {
         switch byte {
