@@ -1041,7 +1041,9 @@ int64_t fq_store_count(fq_store *store, const char *collection);
 
 /* Upserts an array of objects (BORROWED) by the id at the JSON Pointer
  * `id_pointer` (required), in one transaction (all or nothing: an element
- * that is not an object is FQ_ERR_INVALID and nothing is written). `merge` is "overwrite"
+ * that is not an object, or that would not read back — a member name with
+ * a NUL byte, nesting deeper than jansson's 2048 levels — is FQ_ERR_INVALID
+ * and nothing is written). `merge` is "overwrite"
  * or "keep-local" (NULL: overwrite). Items are applied in order: a later
  * item with an id an earlier one had overwrites it (or, keep-local, is kept
  * out) and is counted so. If `report` is not NULL it gets a NEW

@@ -310,6 +310,63 @@ TEST(misuse_a_file_in_a_directory_not_writable_says_permission_denied) {
     CHECK_EQ_INT(rmdir(dir), 0);
 }
 
+/* An item jansson can hold but reading back refuses (a member name with a
+ * NUL byte; nesting deeper than jansson's 2048 levels) is refused by
+ * fq_store_upsert: accepted, it made its whole collection unreadable. */
+TEST(misuse_store_upsert_refuses_items_that_would_not_read_back) {
+    char dir[] = "/tmp/fq-misuse-readback-XXXXXX";
+    REQUIRE(mkdtemp(dir) != NULL);
+    char path[128], errbuf[256] = "";
+    snprintf(path, sizeof path, "%s/store.db", dir);
+    fq_store *s = fq_store_open(path, errbuf, sizeof errbuf);
+    if (!s) FAILF("fq_store_open(%s): %s", path, errbuf);
+    REQUIRE(s != NULL);
+    json_t *nul_key = json_pack("{s:s}", "id", "nul");
+    json_object_setn_new(nul_key, "a\0b", 3, json_integer(1));
+    json_t *deep = json_array(), *inner = deep;
+    for (int i = 0; i < 2100; i++) {
+        json_t *next = json_array();
+        json_array_append_new(inner, next);
+        inner = next;
+    }
+    json_t *deep_item = json_pack("{s:s, s:o}", "id", "deep", "v", deep);
+    json_t *bad[] = {nul_key, deep_item};
+    const char *why[] = {"NUL", "depth"};
+    for (int b = 0; b < 2; b++) {
+        json_t *items = json_pack("[{s:s}, O]", "id", "good", bad[b]);
+        json_t *report = NULL;
+        EXPECT_ST(fq_store_upsert(s, "c", items, "/id", NULL, &report), FQ_ERR_INVALID);
+        EXPECT_MSG("item 1 cannot be stored");
+        EXPECT_MSG(why[b]);
+        CHECK(report == NULL);
+        CHECK_EQ_INT((int)fq_store_count(s, "c"), 0);
+        json_decref(items);
+    }
+    /* the collection stays readable, and a deep but readable item is kept */
+    json_t *ok = json_array(), *level = ok;
+    for (int i = 0; i < 100; i++) {
+        json_t *next = json_array();
+        json_array_append_new(level, next);
+        level = next;
+    }
+    json_t *items = json_pack("[{s:s}, {s:s, s:o}]", "id", "good", "id", "deep100", "v", ok);
+    CHECK_OK(fq_store_upsert(s, "c", items, "/id", NULL, NULL));
+    json_t *all = fq_store_items(s, "c", NULL, false);
+    CHECK(json_is_array(all) && json_array_size(all) == 2);
+    json_t *back = NULL;
+    CHECK_OK(fq_store_get(s, "c", "deep100", &back));
+    CHECK(json_equal(back, json_array_get(items, 1)));
+    json_decref(back);
+    json_decref(all);
+    json_decref(items);
+    json_decref(nul_key);
+    json_decref(deep_item);
+    fq_store_free(s);
+    char cmd[200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    CHECK_EQ_INT(system(cmd), 0);
+}
+
 TEST(misuse_null_store_arguments) {
     char errbuf[256] = "";
     CHECK(fq_store_open(NULL, errbuf, sizeof errbuf) == NULL);

@@ -179,7 +179,8 @@ public final class ItemStore: Sendable {
     /// - `merge` decides what happens to an id that is already stored (see ``Merge``).
     ///
     /// Throws `.invalid` (nothing written) if `collection` is empty, `items` is not an
-    /// array or one of its elements is not an object; `.store` for SQLite failures,
+    /// array or one of its elements is not an object or would not read back (a member
+    /// name with a NUL byte, nesting deeper than jansson's 2048); `.store` for SQLite failures,
     /// including a write lock held by another connection for longer than the busy timeout
     /// (after retries); `.state` if the store is closed.
     public func upsert(
@@ -212,6 +213,17 @@ public final class ItemStore: Sendable {
                 guard let idText = Self.canonical(id), let doc = Self.canonical(item) else {
                     throw FetchQError(
                         .invalid, "item store: item \(index) cannot be encoded as JSON")
+                }
+                // What is written must read back: jansson encodes a member
+                // name with a NUL byte and any depth, which reading refuses
+                // (one such item made its whole collection unreadable: the
+                // tenth review).
+                if !JSONParser.isValid(doc, maxDepth: JSONParser.janssonMaxDepth) {
+                    var reason = "it would not read back"
+                    do throws(JSONParseError) { _ = try JSONParser.parse(doc, maxDepth: JSONParser.janssonMaxDepth) } catch {
+                        reason += " (\(error.message))"
+                    }
+                    throw FetchQError(.invalid, "item store: item \(index) cannot be stored: \(reason)")
                 }
                 rows.append((idText, doc))
             }
