@@ -135,31 +135,31 @@ public enum URLUtilities {
     /// (RFC 9110 §4.2.3: they are case-insensitive), and no fragment (it is
     /// never sent). The userinfo, path and query are kept as they are.
     public static func cacheForm(_ url: String) -> String {
-        var bytes = Array(url.utf8)
-        var changed = false
-        if let hash = bytes.firstIndex(of: UInt8(ascii: "#")) {
-            bytes.removeSubrange(hash...)
-            changed = true
-        }
-        if let colon = bytes.firstIndex(of: UInt8(ascii: ":")), colon > 0,
-           bytes[..<colon].allSatisfy({ isSchemeByte($0) }) {
-            var end = colon  // the scheme, then the host (and port) after "//"
-            if colon + 2 < bytes.count, bytes[colon + 1] == UInt8(ascii: "/"), bytes[colon + 2] == UInt8(ascii: "/") {
-                let start = colon + 3
-                end = start
-                while end < bytes.count, bytes[end] != UInt8(ascii: "/"), bytes[end] != UInt8(ascii: "?") { end += 1 }
-                let host = bytes[start..<end].lastIndex(of: UInt8(ascii: "@")).map { $0 + 1 } ?? start
-                for i in host..<end where bytes[i] != asciiLowercased(bytes[i]) {
-                    bytes[i] = asciiLowercased(bytes[i])
-                    changed = true
+        // Most URLs are in that form already: looked at in place, copied
+        // only to change them (this runs for every GET the cache may answer).
+        var copy = url
+        let form = copy.withUTF8 { bytes -> [UInt8]? in
+            let length = bytes.firstIndex(of: UInt8(ascii: "#")) ?? bytes.count
+            var lower = 0..<0  // the scheme, and the host (and port) after "//"
+            var host = 0..<0
+            if let colon = bytes[..<length].firstIndex(of: UInt8(ascii: ":")), colon > 0,
+               bytes[..<colon].allSatisfy({ isSchemeByte($0) }) {
+                lower = 0..<colon
+                if colon + 2 < length, bytes[colon + 1] == UInt8(ascii: "/"), bytes[colon + 2] == UInt8(ascii: "/") {
+                    var end = colon + 3
+                    while end < length, bytes[end] != UInt8(ascii: "/"), bytes[end] != UInt8(ascii: "?") { end += 1 }
+                    let first = bytes[(colon + 3)..<end].lastIndex(of: UInt8(ascii: "@")).map { $0 + 1 } ?? colon + 3
+                    host = first..<end
                 }
             }
-            for i in 0..<colon where bytes[i] != asciiLowercased(bytes[i]) {
-                bytes[i] = asciiLowercased(bytes[i])
-                changed = true
-            }
+            let upper = { (i: Int) in bytes[i] != asciiLowercased(bytes[i]) }
+            guard length < bytes.count || lower.contains(where: upper) || host.contains(where: upper) else { return nil }
+            var out = Array(bytes[..<length])
+            for i in lower { out[i] = asciiLowercased(out[i]) }
+            for i in host { out[i] = asciiLowercased(out[i]) }
+            return out
         }
-        return changed ? String(decoding: bytes, as: UTF8.self) : url
+        return form.map { String(decoding: $0, as: UTF8.self) } ?? url
     }
 
     /// A letter, digit, `+`, `-` or `.` (RFC 3986 §3.1).
