@@ -25,8 +25,10 @@ Lifetime rules (what keeps what alive):
   while the decrement waits for the lock another thread holds (a blocked
   ``Lock.acquire`` raises it) — pure Python cannot defer it.
 * After ``os.fork()`` the child forgets every engine it inherited (their
-  threads do not exist there): using one raises ShutdownError, and its
-  finalizer frees nothing.
+  threads do not exist there): using one raises ShutdownError, its futures
+  still pending fail with that ShutdownError (without the parent's
+  done-callbacks), and its finalizer frees nothing. The module's locks are
+  new ones there (a parent thread may have held one at the fork).
 """
 
 from __future__ import annotations
@@ -355,6 +357,10 @@ class Response(_HeldHTTPParts):
 
     @property
     def text(self) -> str:
+        """The body decoded with the Content-Type's charset (default
+        UTF-8), undecodable bytes replaced; UTF-8 when Python has no text
+        codec of that name, or one that cannot decode with "replace"
+        (such as "idna", "punycode", "undefined")."""
         charset = "utf-8"
         ctype = self.headers.get("content-type", "")
         for part in ctype.split(";")[1:]:
@@ -363,7 +369,11 @@ class Response(_HeldHTTPParts):
                 charset = val.strip('"')
         try:
             return self.body.decode(charset, "replace")
-        except LookupError:
+        except (LookupError, ValueError):
+            # LookupError: unknown, or not a text codec (base64). ValueError:
+            # UnicodeError from a codec that takes no "replace" or fails
+            # anyway (the tenth review: text raised for such a charset), or
+            # a NUL in the name.
             return self.body.decode("utf-8", "replace")
 
     def json(self) -> Any:
@@ -618,7 +628,10 @@ class Future(concurrent.futures.Future[_T]):
     and the future then becomes ``cancelled()`` when the engine's completion
     arrives — at once for queued and network operations, when the body
     returns for a running Python body. It returns False when the operation
-    already finished (its result is on the way).
+    already finished (its result is on the way). An operation ended by the
+    engine, not cancelled itself, raises instead: DependencyError (a
+    dependency failed or was cancelled), NotFound (a ``depends_on`` id the
+    engine could not find, such as one a failed submit used up).
     """
 
     def __init__(self, core: "_Core") -> None:
@@ -656,6 +669,17 @@ class Future(concurrent.futures.Future[_T]):
                 self.set_running_or_notify_cancel()  # wakes wait()/as_completed()
             except RuntimeError:
                 pass
+
+    def _fq_fail_in_child(self, exc: BaseException) -> None:
+        """In a child after os.fork(), for a future still pending: resolved
+        with ``exc``. Its lock may have been held by a parent thread and its
+        waiters (wait(), as_completed()) are parent threads, none of which
+        exists here; its done-callbacks are the parent's and do not run here
+        (no code of the application runs in the at-fork handler)."""
+        self._condition = threading.Condition()
+        self._waiters.clear()
+        cast(Any, self)._done_callbacks.clear()     # (not in typeshed's Future)
+        self._fq_set_exception(exc)
 
 
 class AsyncFuture(asyncio.Future[_T]):
@@ -696,6 +720,11 @@ class AsyncFuture(asyncio.Future[_T]):
     def _fq_set_cancelled(self) -> None:
         if not self.done():
             asyncio.Future.cancel(self, msg=self._cancel_msg)
+
+    def _fq_fail_in_child(self, exc: BaseException) -> None:
+        """In a child after os.fork(), for a future still pending: resolved
+        with ``exc`` (its callbacks run if the child runs the loop)."""
+        self._fq_set_exception(exc)
 
 
 AnyFuture = Union["Future[Any]", "AsyncFuture[Any]"]
@@ -766,7 +795,6 @@ class _Core:
         self.json_cache = _ffi.JsonCache()
         self.mode = mode
         self.loop = loop
-        self.loop_thread = threading.get_ident() if loop is not None else None
         self.lock = threading.Lock()
         self.idle = threading.Condition(self.lock)
         self.submit_lock = threading.Lock()  # submit+register of progress ops
@@ -799,12 +827,16 @@ class _Core:
             self.handle = self.lib.fq_engine_new(cfg, None, 0)
         finally:
             _ffi.decref(cfg)
-        if self.lib.has("fq_engine_set_event_fn"):
-            self.lib.fq_engine_set_event_fn(self.handle, self.event_cb, None)
-        if use_logging and self.lib.has("fq_engine_set_log_fn"):
-            self.lib.fq_engine_set_log_fn(self.handle, self.log_cb, None)
-        if mode == "poll":
-            self.fd = self.lib.fq_engine_event_fd(self.handle)
+        try:
+            if self.lib.has("fq_engine_set_event_fn"):
+                self.lib.fq_engine_set_event_fn(self.handle, self.event_cb, None)
+            if use_logging and self.lib.has("fq_engine_set_log_fn"):
+                self.lib.fq_engine_set_log_fn(self.handle, self.log_cb, None)
+            if mode == "poll":
+                self.fd = self.lib.fq_engine_event_fd(self.handle)
+        except BaseException:
+            self.close()                    # nobody else could free it (the tenth review)
+            raise
         _live_cores.add(self)
 
     def forget_after_fork(self) -> None:
@@ -818,12 +850,22 @@ class _Core:
         self.closing = True
         self.closed_message = "the engine belongs to the parent process (os.fork): make a new one here"
         self.inflight = 0
+        states = list(self.pending.values())
         self.pending.clear()
         self.by_op.clear()
         self.async_ops.clear()
         for q in list(self.queues):
             q._handle = None
             q._users = 0
+        # Their completions would come from the parent's threads: resolved
+        # here as a use of the engine is refused (the tenth review: cancel()
+        # said True and result() waited for ever).
+        for state in states:
+            if state.future is not None:
+                try:
+                    state.future._fq_fail_in_child(ShutdownError(self.closed_message))
+                except Exception:   # (a closed loop) nothing more to do in an at-fork handler
+                    pass
 
     # -- guarding the handle against a concurrent close -------------------
 
@@ -861,12 +903,15 @@ class _Core:
             except Timeout:
                 if deadline is not None and time.monotonic() >= deadline:
                     raise
-            except (ShutdownError, StateError):
-                # The engine (or queue) was closed by another thread during
-                # the wait: close() cancels and ends everything, so the wait
-                # is over once the close is, as a single wait inside C would
-                # have returned.
-                if first:
+            except (ShutdownError, StateError) as exc:
+                # The engine was closed by another thread during the wait:
+                # close() cancels and ends everything, so the wait is over
+                # once the close is, as a single wait inside C would have
+                # returned. Not a queue closed while the engine is not
+                # closing: its running operations go on, so that StateError
+                # is raised, as Queue.wait documents (the tenth review: the
+                # wait returned while they still ran).
+                if first or (isinstance(exc, StateError) and not self.closing):
                     raise
                 with self.lock:
                     while self.closing and self.handle is not None:
@@ -989,8 +1034,13 @@ class _Core:
             return "result", _ffi.from_json(L.fq_result_value(result))
         status = L.fq_result_status(result)
         message = _ffi.cstr(L.fq_result_error(result)) or _ffi.cstr(L.fq_strerror(status)) or ""
-        if outcome == FQ_CANCELLED and status != FQ_ERR_DEPENDENCY:
+        if outcome == FQ_CANCELLED and status not in (FQ_ERR_DEPENDENCY, FQ_ERR_NOT_FOUND):
             return "cancelled", None
+        # FQ_ERR_NOT_FOUND: a depends_on id the engine could not find (one a
+        # failed submit used up, fetchq.h) ends the operation CANCELLED
+        # although nobody cancelled it: NotFound with the engine's message,
+        # as a failed dependency gives DependencyError (the tenth review: the
+        # future was cancelled(), its CancelledError empty).
         if outcome not in (FQ_FAILED, FQ_CANCELLED):
             self._violation("op %d completed with outcome %d" % (op_id, outcome))
         exc: FetchqError
@@ -1015,8 +1065,15 @@ class _Core:
             loop = self.loop
             if loop is None or loop.is_closed():
                 return  # freed after its loop closed (finalizer/atexit): nobody can await
-            if threading.get_ident() != self.loop_thread:
-                # only when an AsyncEngine is freed off its loop's thread
+            if asyncio._get_running_loop() is not loop and loop.is_running():
+                # The loop runs on another thread (an AsyncEngine closed or
+                # dispatched off its loop's thread): resolved there, which
+                # also wakes the loop up. Not by the thread that created the
+                # engine: with loop= that may be another one (the tenth
+                # review: close() on it set the futures from a foreign thread,
+                # and a coroutine awaiting one stayed pending). A loop that is
+                # not running has no thread yet: set at once (dispatch() by
+                # hand, close() before or after the loop ran).
                 try:
                     loop.call_soon_threadsafe(_apply, fut, how, value)
                 except RuntimeError:
@@ -1217,6 +1274,12 @@ _live_cores: "weakref.WeakSet[_Core]" = weakref.WeakSet()
 
 
 def _forget_engines_in_child() -> None:
+    # The module-wide locks too: a parent thread converting a lazy Response
+    # or loading the library at the fork held one for ever here, so the
+    # first r.json() of a new engine in the child hung (the tenth review).
+    global _LAZY_LOCK
+    _LAZY_LOCK = threading.RLock()
+    _ffi.reset_locks_after_fork()
     for core in list(_live_cores):
         core.forget_after_fork()
 
@@ -1925,8 +1988,11 @@ class _EngineBase:
 
     def cancel(self, op: OpRef) -> bool:
         """Cancels one operation (a future or an id); False if it already
-        finished."""
+        finished. A future of another engine raises InvalidArgument, as
+        every method taking a future does."""
         if isinstance(op, (Future, AsyncFuture)):
+            if op._core is not self._core:  # (it cancelled it: the tenth review)
+                raise InvalidArgument("that future belongs to another engine")
             return op.cancel()
         status = self._core.call(self._core.lib.fq_cancel, self._core.op_id_of(op))
         if status == FQ_ERR_NOT_FOUND:
@@ -2079,7 +2145,13 @@ class AsyncEngine(_EngineBase):
         self._queues_lock = threading.Lock()
         self._core = _Core(config, "poll", loop, use_logging=use_logging)
         fd = self._core.fd
-        loop.add_reader(fd, self._core.on_readable)
+        try:
+            loop.add_reader(fd, self._core.on_readable)
+        except BaseException:
+            # (a closed loop, a loop without add_reader): nothing would ever
+            # free the engine just made, nor end its threads (the tenth review)
+            self._core.close()
+            raise
 
         removed = [False]
 
@@ -2108,8 +2180,11 @@ class AsyncEngine(_EngineBase):
 
     def close(self) -> None:
         """Frees the engine now; pending futures are resolved (cancelled)
-        before it returns. Blocks the loop while running operations end; prefer
-        ``await aclose()``."""
+        before it returns. Called on another thread while the loop runs,
+        it hands their resolution to the loop's thread
+        (``call_soon_threadsafe``) before it returns: they are resolved
+        there, and a coroutine awaiting one resumes. Blocks the loop while
+        running operations end; prefer ``await aclose()``."""
         if self._core.in_callback():         # before the reader goes: it stays the loop's
             raise StateError("an engine cannot be closed from its own callback or operation body")
         self._remove_reader()

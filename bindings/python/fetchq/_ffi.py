@@ -383,6 +383,13 @@ class _LibState:
 _LIB_STATE = _LibState()
 
 
+def reset_locks_after_fork() -> None:
+    """In a child after os.fork() (called by the binding's at-fork
+    handler): the module's lock may have been held by a parent thread,
+    which does not exist here."""
+    _LIB_STATE.lock = threading.Lock()
+
+
 def candidate_paths(env: Optional[str] = None, package_dir: Optional[str] = None,
                     system: bool = True) -> List[str]:
     """The paths/names tried, in order (see the module docstring)."""

@@ -400,3 +400,59 @@ def test_a_closed_async_engine_raises_shutdown_error_as_engine_does() -> None:
             engine.event_fd
         assert repr(q) == "<fetchq.AsyncQueue 'a' max_concurrent=4 closed>"
     run(main)
+
+
+# -- the tenth review ----------------------------------------------------------
+
+def test_an_engine_made_off_its_loops_thread_resolves_futures_on_that_loop() -> None:
+    """AsyncEngine(loop=L) made on a thread that does not run L took the
+    creating thread for L's: close() there set L's futures from that thread,
+    without waking L up, and a coroutine awaiting one stayed pending."""
+    loop = asyncio.new_event_loop()
+    runner = threading.Thread(target=loop.run_forever, daemon=True)
+    runner.start()
+    engine = None
+    try:
+        engine = fetchq.AsyncEngine(loop=loop, workers=2)    # this thread runs no loop: allowed
+        started = threading.Event()
+        fut = engine.queue("q").submit_async(lambda op: started.set())   # never finished
+        assert started.wait(TIMEOUT)
+        awaiting = threading.Event()
+
+        async def waiter() -> Tuple[str, int]:
+            awaiting.set()
+            try:
+                await fut
+                return "result", threading.get_ident()
+            except asyncio.CancelledError:
+                return "cancelled", threading.get_ident()
+
+        outcome = asyncio.run_coroutine_threadsafe(waiter(), loop)
+        assert awaiting.wait(TIMEOUT)
+        time.sleep(0.2)                             # it is inside the await
+        engine.close()                              # ends it cancelled
+        assert outcome.result(timeout=TIMEOUT) == ("cancelled", runner.ident)
+        assert fut.cancelled()
+    finally:
+        if engine is not None:
+            engine.close()
+        loop.call_soon_threadsafe(loop.stop)
+        runner.join(TIMEOUT)
+        loop.close()
+
+
+def test_a_used_up_dependency_id_raises_not_found_on_the_loop() -> None:
+    """As for Engine (test_submit.py): NotFound with the engine's message,
+    not a cancelled future."""
+    async def main() -> None:
+        async with fetchq.AsyncEngine(workers=2) as engine:
+            q = engine.queue("usedup")
+            first = q.submit(lambda: 1)
+            assert await first == 1
+            with pytest.raises(fetchq.NotFound):
+                q.submit(lambda: 2, depends_on=[10**12])    # takes the next id
+            child = q.submit(lambda: 3, depends_on=[first.op_id + 1])
+            with pytest.raises(fetchq.NotFound, match="^no operation %d$" % (first.op_id + 1)):
+                await child
+            assert not child.cancelled()
+    run(main)

@@ -373,6 +373,26 @@ def test_futures_of_another_engine_are_rejected(engine: fetchq.Engine) -> None:
             engine.queue("x").submit(lambda: 2, depends_on=f)
 
 
+def test_every_method_taking_a_future_refuses_one_of_another_engine(engine: fetchq.Engine) -> None:
+    """The tenth review: engine.cancel(fut) cancelled another engine's
+    operation, where state, set_priority and the dependency methods refuse
+    its future."""
+    mine = engine.queue("mine").submit(lambda: 0)
+    with fetchq.Engine(workers=1) as other:
+        q = other.queue("o", 1)
+        q.suspend()
+        f = q.submit(lambda: 1)                 # queued: a cancel would take it
+        for call in (lambda: engine.cancel(f), lambda: engine.state(f),
+                     lambda: engine.set_priority(f, "high"),
+                     lambda: engine.add_dependency(mine, f), lambda: engine.remove_dependency(mine, f),
+                     lambda: engine.add_dependency(f, mine), lambda: engine.remove_dependency(f, mine)):
+            with pytest.raises(fetchq.InvalidArgument, match="^that future belongs to another engine$"):
+                call()
+        q.resume()
+        assert f.result(timeout=TIMEOUT) == 1 and not f.cancelled()
+    assert mine.result(timeout=TIMEOUT) == 0
+
+
 def test_bad_options_are_invalid_argument(engine: fetchq.Engine) -> None:
     q = engine.queue("opts")
     with pytest.raises(fetchq.InvalidArgument, match="nonsense"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures as cf
 import gc
 import os
 import subprocess
@@ -600,3 +601,118 @@ def test_asyncop_cancelled_stays_true_after_close_finished_it() -> None:
     except BaseException as e:          # noqa: BLE001
         errors.append(e)
     assert errors == [] and fut.cancelled()
+
+
+# -- the tenth review ----------------------------------------------------------
+
+def test_queue_wait_raises_state_error_when_another_thread_closes_the_queue() -> None:
+    """Queue.wait() returned normally, with the queue's operation still
+    running, when another thread closed the queue during the wait (its
+    docstring: StateError "when the queue is closed meanwhile")."""
+    with fetchq.Engine(workers=2) as engine:
+        q = engine.queue("q", 1)
+        gate = threading.Event()
+        fut = q.submit(gate.wait, TIMEOUT)
+        queued = q.submit(int, 2)               # behind it: the close cancels it
+        closer = threading.Timer(0.5, q.close)  # after the wait's first slices
+        closer.start()
+        try:
+            with pytest.raises(fetchq.StateError, match="^queue 'q' is closed$"):
+                q.wait(timeout=TIMEOUT)
+            assert not fut.done()               # its operation still runs
+        finally:
+            closer.join(TIMEOUT)
+            gate.set()
+        assert fut.result(timeout=TIMEOUT) is True
+        done, _ = cf.wait([queued], timeout=TIMEOUT)
+        assert done == {queued} and queued.cancelled()
+
+
+def test_an_async_engine_whose_loop_refuses_the_reader_frees_its_engine() -> None:
+    """AsyncEngine() made the engine, then loop.add_reader raised (a closed
+    loop): nothing freed the engine, whose threads stayed for ever."""
+    loop = asyncio.new_event_loop()
+    loop.close()
+    before = _task_count()
+    for _ in range(3):
+        with pytest.raises(RuntimeError, match="closed"):
+            fetchq.AsyncEngine(loop=loop, workers=2)
+    for _ in range(200):                        # at most 10 s
+        gc.collect()
+        if _task_count() <= before:
+            break
+        time.sleep(0.05)
+    assert _task_count() <= before
+
+
+def test_a_forked_child_gets_fresh_module_locks(server) -> None:  # type: ignore[no-untyped-def]
+    """fork() while another thread held the binding's module-wide lock (it
+    was converting a lazy Response): in the child the lock stayed held, so
+    a new engine's r.json() there hung for ever."""
+    r = run_script("""
+        import os, signal, sys, threading, fetchq
+        from fetchq import _engine, _ffi
+        base = sys.argv[1]
+        fetchq.version()                        # the library is loaded
+        holding, release = threading.Event(), threading.Event()
+        def holder():
+            with _engine._LAZY_LOCK, _ffi._LIB_STATE.lock:
+                holding.set()
+                release.wait(30)
+        t = threading.Thread(target=holder)
+        t.start()
+        assert holding.wait(10)
+        pid = os.fork()
+        if pid == 0:
+            signal.alarm(20)                    # a hang ends the child (SIGALRM)
+            with fetchq.Engine(workers=1) as e:
+                r = e.queue("c").get(base + "/json?size=500").result(timeout=10)
+                print("child", r.status, r.headers["content-type"], r.json()["items"][0]["name"], flush=True)
+            print("child library lock free:", _ffi._LIB_STATE.lock.acquire(timeout=2), flush=True)
+            os._exit(0)
+        release.set()
+        t.join(10)
+        _, status = os.waitpid(pid, 0)
+        print("child exit", os.waitstatus_to_exitcode(status))
+    """, server.base)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.splitlines() == [
+        "child 200 application/json item-000000", "child library lock free: True", "child exit 0"], r.stdout
+
+
+def test_futures_pending_at_a_fork_fail_with_shutdown_error_in_the_child() -> None:
+    """In a fork child a future pending at the fork accepted cancel() (True)
+    but never resolved: result() waited for ever."""
+    r = run_script("""
+        import os, threading, fetchq
+        e = fetchq.Engine(workers=2)
+        q = e.queue("q", 1)
+        gate, started = threading.Event(), threading.Event()
+        running = q.submit(lambda: started.set() or gate.wait(20))
+        queued = q.submit(int, 5)
+        assert started.wait(10)
+        called = []
+        running.add_done_callback(lambda f: called.append(os.getpid()))
+        pid = os.fork()
+        if pid == 0:
+            for f in (running, queued):
+                accepted = f.cancel()
+                try:
+                    exc = f.exception(timeout=5)
+                    what = "%s: %s" % (type(exc).__name__, exc)
+                except BaseException as ex:
+                    what = "raised " + type(ex).__name__
+                print("child", accepted, f.done(), f.cancelled(), what, flush=True)
+            print("child callbacks", called, flush=True)
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        print("child exit", os.waitstatus_to_exitcode(status))
+        gate.set()
+        print("parent", running.result(timeout=10), queued.result(timeout=10))
+        e.close()
+    """)
+    assert r.returncode == 0, r.stderr[-2000:]
+    shut = "ShutdownError: the engine belongs to the parent process (os.fork): make a new one here"
+    assert r.stdout.splitlines() == [
+        "child False True False " + shut, "child False True False " + shut,
+        "child callbacks []", "child exit 0", "parent True 5"], r.stdout

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import gzip
+import http.server
 import json
 import shutil
 import socket
@@ -47,6 +48,48 @@ def test_get_json_response(net_engine: fetchq.Engine, server: Server) -> None:
     assert set(r.metrics) >= METRIC_KEYS and r.metrics["bytes"] == len(r.body)
     assert r.text == r.body.decode()
     assert r.op_id > 0
+
+
+def test_text_decodes_with_utf8_when_the_charset_cannot_decode_it(net_engine: fetchq.Engine) -> None:
+    """The tenth review: Response.text raised (UnicodeError) for a charset
+    Python has a codec of, which cannot decode with "replace" ("undefined",
+    "idna", "punycode"). The test server cannot send a chosen Content-Type,
+    so a small server of this test's own does."""
+    body = b"caf\xc3\xa9 \xff done"
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        timeout = TIMEOUT                       # per connection
+
+        def do_GET(self) -> None:
+            charset = urllib.parse.unquote(self.path.rpartition("/")[2])
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; charset=" + charset)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    limit = threading.Timer(120.0, srv.shutdown)    # in any case
+    limit.start()
+    try:
+        q = net_engine.queue("charsets")
+        base = "http://127.0.0.1:%d/" % srv.server_address[1]
+        utf8 = "caf\u00e9 \ufffd done"
+        for charset, text in [("utf-8", utf8), ("latin-1", body.decode("latin-1")), ("bogus", utf8),
+                              ("base64", utf8), ("undefined", utf8), ("idna", utf8), ("punycode", utf8)]:
+            r = q.get(base + charset).result(timeout=TIMEOUT)
+            assert r.headers["content-type"] == "text/plain; charset=" + charset
+            assert r.text == text, charset
+    finally:
+        limit.cancel()
+        srv.shutdown()
+        srv.server_close()
+        thread.join(TIMEOUT)
 
 
 def test_request_with_params_headers_and_json(net_engine: fetchq.Engine, server: Server) -> None:

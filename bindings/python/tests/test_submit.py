@@ -213,6 +213,26 @@ def test_cancelled_dependency_raises_dependency_error(engine: fetchq.Engine) -> 
     assert a.cancelled()
 
 
+def test_a_dependency_id_a_failed_submit_used_up_raises_not_found(engine: fetchq.Engine) -> None:
+    """The tenth review: the engine ends an operation depending on an id it
+    cannot find (one a failed submit used up) CANCELLED with FQ_ERR_NOT_FOUND
+    (fetchq.h); the future was cancelled(), with an empty CancelledError,
+    although nobody cancelled it."""
+    q = engine.queue("usedup")
+    first = q.submit(lambda: 1)
+    assert first.result(timeout=TIMEOUT) == 1
+    with pytest.raises(fetchq.NotFound):
+        q.submit(lambda: 2, depends_on=[10**12])    # refused, after taking the next id
+    used_up = first.op_id + 1
+    child = q.submit(lambda: 3, depends_on=[used_up])
+    assert child.op_id == used_up + 1               # (nothing else submits to this engine)
+    with pytest.raises(fetchq.NotFound) as info:
+        child.result(timeout=TIMEOUT)
+    assert info.value.message == "no operation %d" % used_up
+    assert info.value.code == fetchq.NotFound.code and info.value.op_id == child.op_id  # type: ignore[attr-defined]
+    assert not child.cancelled() and engine.state(child) == "cancelled"
+
+
 def test_cancel_queued(engine: fetchq.Engine) -> None:
     q = engine.queue("cq")
     q.suspend()
