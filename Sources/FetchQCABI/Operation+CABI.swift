@@ -11,8 +11,12 @@ func callback(_ done: fq_completion_fn?, _ userdata: UnsafeMutableRawPointer?) -
 /// The n C strings of an array argument called `what`, copied; nil (the
 /// last error set, naming the entry) when one is NULL or not UTF-8.
 func strings(_ array: UnsafePointer<UnsafePointer<CChar>?>, _ n: Int, _ what: String) -> [String]? {
+    // Reserved for at most 4 096: `n` is the caller's word until the array
+    // is read, and reserving for n = 2^40 aborted the process (for 2^63 - 1
+    // the size wrapped: a tiny buffer, and a corrupted heap; the tenth
+    // review). The entries are read one by one; a NULL ends the call.
     var list: [String] = []
-    list.reserveCapacity(n)
+    list.reserveCapacity(min(n, 4096))
     for i in 0..<n {
         guard let p = array[i] else {
             _ = fail(.invalid, "\(what)[\(i)] is NULL")

@@ -191,6 +191,17 @@ TEST(misuse_null_submit_arguments) {
     EXPECT_ST(fq_submit_search_all(q, NULL, 2, NULL, rec_done, &r), FQ_ERR_INVALID);
     EXPECT_ST(fq_submit_search_all(q, qs, 3, NULL, rec_done, &r), FQ_ERR_INVALID); /* qs[1] NULL */
     EXPECT_ST(fq_submit_search_all(q, qs, 0, NULL, rec_done, &r), FQ_ERR_INVALID);
+    /* An n no array can have, whose first entry is NULL: refused at that
+     * entry (n = 2^40 aborted the process, n = 2^63 - 1 corrupted the heap:
+     * the tenth review) */
+    const char *none[] = {NULL};
+    const size_t huge[] = {(size_t)1 << 40, (size_t)1 << 60, ((size_t)1 << 63) - 1, ((size_t)1 << 60) - 1};
+    for (size_t i = 0; i < sizeof huge / sizeof huge[0]; i++) {
+        EXPECT_ST(fq_submit_search_all(q, none, huge[i], NULL, rec_done, &r), FQ_ERR_INVALID);
+        EXPECT_MSG("queries[0] is NULL");
+        CHECK_EQ_INT((int)fq_submit_requests(q, NULL, none, huge[i], NULL, rec_done, NULL, NULL), FQ_ERR_INVALID);
+        EXPECT_MSG("urls[0] is NULL");
+    }
     CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));
     check_never_called(&r, "NULL submit arguments");
     CHECK_EQ_INT(fqt_stat(e, "submitted", -1), 0);
