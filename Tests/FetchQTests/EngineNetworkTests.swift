@@ -69,6 +69,32 @@ import Testing
         }
     }
 
+    /// Object keys are read whole, NUL bytes included (jansson's
+    /// json_object_setn makes such keys): a query key "a\0b" is sent
+    /// "a%00b", as a value is, and a header name "X-Tok\0Evil" is refused
+    /// as no token. (Both were cut at the NUL, and "X-Tok" was sent: the
+    /// tenth review.)
+    @Test func keysWithANulByteAreReadWhole() throws {
+        try withEngine { engine, queue, c in
+            let request = json(#"{"url": "\#(server.url("/echo"))", "query": {}}"#)
+            json_object_setn_new(json_object_get(request.pointer, "query"), "a\0b", 3, json_string("x"))
+            let id = try engine.submitRequest(request.pointer, to: queue, options: nil, completion: c.callback)
+            _ = try #require(c.wait(id))  // (the echo's key has the NUL: not a document jansson takes)
+            let stats = try JSONParser.parse(try server.get("/stats").1, maxDepth: 64)
+            let arrivals = (stats.at("/arrivals")?.elements ?? []).compactMap { $0.stringValue }
+            #expect(arrivals.contains("/echo?a%00b=x"), "\(arrivals.suffix(3))")
+
+            let named = json(#"{"url": "\#(server.url("/echo"))", "headers": {}}"#)
+            json_object_setn_new(json_object_get(named.pointer, "headers"), "X-Tok\0Evil", 10, json_string("v"))
+            #expect(throws: FetchQError.self) {
+                try engine.submitRequest(named.pointer, to: queue, options: nil, completion: c.callback)
+            }
+            let limits = json(#"{"rate_limits": {}}"#)
+            json_object_setn_new(json_object_get(limits.pointer, "rate_limits"), "h\0x", 3, json(#"{"per_second": 1}"#).newReference())
+            #expect(throws: FetchQError.self) { try Engine(json: limits.pointer) }
+        }
+    }
+
     @Test func nonSuccessStatusFailsKeepingStatusAndBody() throws {
         try withEngine { engine, queue, c in
             let failing = try engine.request(#"{"url": "\#(server.url("/status/404"))"}"#, on: queue, c)

@@ -47,7 +47,7 @@ public struct EngineConfig: Sendable {
             guard limits.pointee.type == JSON_OBJECT else { throw r.typeError("rate_limits", "an object of hosts", limits) }
             var iter = json_object_iter(limits)
             while let it = iter {
-                let host = String(cString: json_object_iter_key(it))
+                let host = jsonKey(it)
                 var limit = try OptionReader(json_object_iter_value(it), context: "config.rate_limits.\(host)")
                 guard let perSecond = try limit.number("per_second", in: 0.001...1_000_000) else {
                     throw FetchQError(.invalid, "config.rate_limits.\(host): \"per_second\" is required")

@@ -189,7 +189,7 @@ struct RequestTemplate {
             guard h.pointee.type == JSON_OBJECT else { throw q.typeError("headers", "an object of strings", h) }
             var iter = json_object_iter(h)
             while let it = iter {
-                let name = String(cString: json_object_iter_key(it))
+                let name = jsonKey(it)
                 let v = json_object_iter_value(it)!
                 guard v.pointee.type == JSON_STRING else {
                     throw FetchQError(.invalid, "request.headers.\(name): expected a string, got \(jsonTypeName(v))")
@@ -204,7 +204,7 @@ struct RequestTemplate {
             var pairs: [(String, String)] = []
             var iter = json_object_iter(items)
             while let it = iter {
-                let name = String(cString: json_object_iter_key(it))
+                let name = jsonKey(it)
                 let v = json_object_iter_value(it)!
                 let text: String
                 switch v.pointee.type {

@@ -175,6 +175,14 @@ struct OptionReader {
     }
 }
 
+/// The key at a jansson object iterator as a Swift String, embedded NULs
+/// kept: `String(cString:)` cut `"X-Tok\0Evil"` to a header `X-Tok` that was
+/// sent, where a name with a NUL is no token (the tenth review).
+func jsonKey(_ iter: UnsafeMutableRawPointer) -> String {
+    String(decoding: UnsafeRawBufferPointer(start: json_object_iter_key(iter), count: json_object_iter_key_len(iter)),
+           as: UTF8.self)
+}
+
 /// A jansson string value as a Swift String (embedded NULs kept; invalid
 /// UTF-8 cannot occur: jansson validates).
 func jsonString(_ v: UnsafePointer<json_t>) -> String {
