@@ -117,8 +117,10 @@ static int jc_key_made;
 
 static void jc_init(void) { jc_key_made = pthread_key_create(&jc_exit_key, jc_thread_exit) == 0; }
 
-/* The class that serves a request of n bytes: the least k with 16k + 8 >= n. */
-static inline size_t jc_class_for_request(size_t n) { return n <= 24 ? 1 : (n - 8 + 15) / 16; }
+/* The class that serves a request of n bytes: the least k with 16k + 8 >= n
+ * (written so that it cannot wrap: (n - 8 + 15) / 16 made a request within
+ * 7 bytes of SIZE_MAX class 0, a 24-byte block: the tenth review). */
+static inline size_t jc_class_for_request(size_t n) { return n <= 24 ? 1 : (n - 8) / 16 + ((n - 8) % 16 != 0); }
 
 /* The size a block of class k is allocated with and counted as. */
 static inline size_t jc_class_size(size_t k) { return 16 * k + 8; }
