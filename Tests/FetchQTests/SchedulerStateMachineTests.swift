@@ -1117,6 +1117,42 @@ import Testing
         #expect(m.nextDeadline() == nil)
     }
 
+    @Test func startDeadlinesOfOperationsThatEndedAreNotKeptBehindOneThatWaits() {
+        // One operation waits (its queue suspended) with a far deadline;
+        // 10 000 others, each with a deadline, start and end in another
+        // queue. Their entries went only when the waiting one's left the top
+        // (the tenth review: about 20 bytes each, for up to a day); now the
+        // deadlines keep at most about twice those that still apply. The
+        // waiting one still ends at its deadline, and one submitted later
+        // waits at its own.
+        var m = Machine()
+        let held = m.addQueue(name: "held", maxConcurrent: 1)
+        let flowing = m.addQueue(name: "flowing", maxConcurrent: 1)
+        _ = m.setSuspended(held, true, now: 0)
+        var spec = Machine.Spec(queue: held)
+        spec.startDeadline = 1_000_000
+        let (waiting, _) = try! m.submit(spec, now: 0).get()
+        var most = 0
+        for i in 0..<10_000 {
+            var each = Machine.Spec(queue: flowing)
+            each.startDeadline = 2_000_000 + UInt64(i)
+            let (id, actions) = try! m.submit(each, now: UInt64(i))
+                .get()
+            #expect(started(actions) == [id])
+            _ = m.finished(id, .succeeded, payload: nil, now: UInt64(i))
+            most = max(most, m.startDeadlineEntries)
+        }
+        #expect(most <= 1_024, "\(most) entries for 1 operation waiting")
+        var later = Machine.Spec(queue: held)
+        later.startDeadline = 3_000_000
+        let (second, _) = try! m.submit(later, now: 20_000).get()
+        #expect(m.nextDeadline() == 1_000_000)
+        #expect(completed(m.expire(now: 1_000_000) { _ in "waited" }).map(\.0) == [waiting])
+        #expect(m.nextDeadline() == 3_000_000)
+        #expect(completed(m.expire(now: 3_000_000) { _ in "waited" }).map(\.0) == [second])
+        #expect(m.liveCount == 0)
+    }
+
     @Test func aStartDeadlineNoLongerAppliesOnceTheOperationStarted() {
         // An operation that waited for a slot, started, and waits to be tried
         // again: ready again after the wait, it waits for a slot once more,

@@ -136,24 +136,39 @@ struct MinHeap<Element> {
         }
     }
 
+    /// Removes every element `isGone` says, and makes a heap of the rest
+    /// (O(n)).
+    mutating func removeAll(where isGone: (Element) -> Bool) {
+        items.removeAll { isGone($0.value) }
+        var parent = items.count / 2
+        while parent > 0 {
+            parent -= 1
+            siftDown(parent)
+        }
+    }
+
     @discardableResult
     mutating func removeMin() -> (key: UInt64, value: Element) {
         let top = items[0]
         let last = items.removeLast()
         if !items.isEmpty {
             items[0] = last
-            var parent = 0
-            while true {
-                let left = parent * 2 + 1
-                let right = left + 1
-                var smallest = parent
-                if left < items.count && items[left].key < items[smallest].key { smallest = left }
-                if right < items.count && items[right].key < items[smallest].key { smallest = right }
-                if smallest == parent { break }
-                items.swapAt(parent, smallest)
-                parent = smallest
-            }
+            siftDown(0)
         }
         return top
+    }
+
+    private mutating func siftDown(_ start: Int) {
+        var parent = start
+        while true {
+            let left = parent * 2 + 1
+            let right = left + 1
+            var smallest = parent
+            if left < items.count && items[left].key < items[smallest].key { smallest = left }
+            if right < items.count && items[right].key < items[smallest].key { smallest = right }
+            if smallest == parent { break }
+            items.swapAt(parent, smallest)
+            parent = smallest
+        }
     }
 }

@@ -346,6 +346,11 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
     /// cares to; an earlier one still here is freed when this replaces it.
     private var dropped: Payload? = nil
     private var deadlines = MinHeap<OpID>()
+    /// At this many entries `deadlines` drops those of operations that no
+    /// longer wait to start (only its top left as time passed: an operation
+    /// waiting long kept an entry for each one that came and went after it,
+    /// about 20 bytes each: the tenth review).
+    private var deadlinesCompactAt = 1024
     /// Operations in backoff, by retry time.
     private var retries = MinHeap<OpID>()
     /// Operations that started and wait to be tried again (`retryLater`),
@@ -693,7 +698,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
             slots[s].state = .attached
             return .success(id)
         }
-        if let deadline = spec.startDeadline { deadlines.insert(id, key: deadline) }
+        if let deadline = spec.startDeadline { addStartDeadline(id, deadline) }
 
         // Ordering edges: a barrier waits for everything before it; everything
         // after an open barrier waits for the barrier.
@@ -836,7 +841,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         }
         let s = book(id, queue: q, group: group, host: 0, priority: priority, qos: qos, isBarrier: false,
                      isInternal: false, owner: owner)
-        if let startDeadline { deadlines.insert(id, key: startDeadline) }
+        if let startDeadline { addStartDeadline(id, startDeadline) }
         if let barrier = queues[q].openBarrier, let b = liveSlot(barrier) { link(s, after: b, edge: .order) }
         if !dependsOn.isEmpty, let (dep, outcome) = linkDependencies(s, Self.unique(dependsOn), hiddenToo: true) {
             if let outcome {
@@ -1722,13 +1727,32 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
 
     // MARK: - Time limits
 
+    /// Whether `id`'s start deadline still applies: it waits to start, and
+    /// has not started before (a retry's wait does not count).
+    private func waitsToStart(_ id: OpID) -> Bool {
+        guard let state = state(of: id), state == .waiting || state == .ready else { return false }
+        return restarted.isEmpty || !restarted.contains(id)
+    }
+
+    private mutating func addStartDeadline(_ id: OpID, _ deadline: UInt64) {
+        deadlines.insert(id, key: deadline)
+        if deadlines.count >= deadlinesCompactAt {
+            var kept = deadlines  // (the closure reads the machine)
+            deadlines = MinHeap()
+            kept.removeAll { !waitsToStart($0) }
+            deadlines = kept
+            deadlinesCompactAt = max(1024, 2 * deadlines.count)
+        }
+    }
+
+    var startDeadlineEntries: Int { deadlines.count }
+
     /// The earliest time something is due (a start deadline, a retry, a
     /// rate-limit token), for the runtime's timer.
     mutating func nextDeadline() -> UInt64? {
         var next = rateWake
         while let top = deadlines.min {
-            if let state = state(of: top.value), state == .waiting || state == .ready,
-               restarted.isEmpty || !restarted.contains(top.value) {
+            if waitsToStart(top.value) {
                 next = min(next ?? top.key, top.key)
                 break
             }
