@@ -85,13 +85,6 @@ static int make_values(void) {
     json_malloc_t m = NULL;
     json_free_t f = NULL;
     json_get_alloc_funcs(&m, &f);
-    /* sizes no block can have: NULL, as from malloc (the class of a request
-     * within 7 bytes of SIZE_MAX wrapped to the smallest: a 24-byte block,
-     * on an engine thread: the tenth review) */
-    for (size_t over = 0; over < 8; over++) {
-        void *huge = m(SIZE_MAX - over);
-        if (huge != NULL) return 3;
-    }
     f(malloc(48)); /* a block from malloc given to jansson's free function */
     void *p = m(48);
     free(p); /* and one from jansson's malloc function to free() */
@@ -125,6 +118,38 @@ static int installs_and_mixes_with_malloc(void) {
     if (worker_rc != 0) return 15; /* on a worker (which keeps blocks) */
     if (fq_engine_free(e) != FQ_OK) return 17;
     return 0;
+}
+
+/* Sizes no block can have: NULL, as from malloc (the class of a request
+ * within 7 bytes of SIZE_MAX wrapped to the smallest: a 24-byte block, on an
+ * engine thread: the tenth review). 0, or the size's distance from SIZE_MAX
+ * plus one. (Not run under ASan or valgrind, which stop at such a malloc.) */
+static int refuse_huge_sizes(void) {
+    json_malloc_t m = NULL;
+    json_free_t f = NULL;
+    json_get_alloc_funcs(&m, &f);
+    for (size_t over = 0; over < 8; over++) {
+        void *huge = m(SIZE_MAX - over);
+        if (huge != NULL) return (int)over + 1;
+    }
+    return 0;
+}
+
+static json_t *refuse_huge_sizes_body(fq_op *op, void *ud) {
+    (void)op;
+    *(int *)ud = refuse_huge_sizes();
+    return NULL;
+}
+
+static int huge_sizes_refused(void) {
+    unsetenv("FETCHQ_JANSSON_CACHE");
+    fq_engine *e = fq_engine_new(NULL, NULL, 0);
+    if (!e || defaults()) return 11;
+    if (refuse_huge_sizes() != 0) return 12; /* an application thread */
+    int worker_rc = -1;
+    if (on_a_worker(e, refuse_huge_sizes_body, &worker_rc) != 0) return 13;
+    if (worker_rc != 0) return 20 + worker_rc; /* an engine thread, which keeps blocks */
+    return fq_engine_free(e) == FQ_OK ? 0 : 14;
 }
 
 static int off_with_the_environment_variable(void) {
@@ -180,6 +205,8 @@ static int free_twice(void) {
 }
 
 TEST(jansson_cache_installed_over_malloc_and_free) { child_succeeds(installs_and_mixes_with_malloc); }
+
+TEST(jansson_cache_refuses_sizes_no_block_can_have) { child_succeeds(huge_sizes_refused); }
 
 TEST(jansson_cache_off_with_FETCHQ_JANSSON_CACHE_0) { child_succeeds(off_with_the_environment_variable); }
 

@@ -280,6 +280,7 @@ TEST(misuse_a_file_in_a_directory_not_writable_says_permission_denied) {
         json_t *cfg = json_loads(config, 0, NULL);
         fq_engine *e = fq_engine_new(cfg, engine_err, sizeof engine_err);
         int cached = fq_last_status();
+        json_decref(cfg);
         int n = snprintf(out, sizeof out, "%d %d %d %d\n%s\n%s\n", st != NULL, stored, e != NULL, cached,
                          errbuf, engine_err);
         if (write(fds[1], out, (size_t)n) != n) _exit(4);
