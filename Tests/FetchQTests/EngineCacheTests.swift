@@ -374,6 +374,38 @@ import Testing
         #expect(try serverCount("/steps") == 6)
     }
 
+    /// A shared GET whose first caller is cancelled while the transfer waits
+    /// to be retried: the carrier that retries it for the other caller keeps
+    /// the cache's validators and stores the answer. (It sent none, and the
+    /// answer was not stored: the tenth review's check of its changes.)
+    @Test func aCarrierRetryingASharedGetKeepsItsCache() throws {
+        _ = try server.get("/stats/reset")
+        try withEngine { engine, queue, c in
+            let url = stepsURL("carrier", #"200;Cache-Control=max-age=0;ETag="v1";body={"v": 1}|503;Retry-After=1;body={}|200;Cache-Control=max-age=100;ETag="v2";body={"v": 2}"#)
+            #expect(c.wait(try engine.request(#"{"url": "\#(url)"}"#, on: queue, c))?.outcome == .succeeded)
+            let options = #"{"retry": {"max": 2, "base": 0.05, "max_delay": 5}}"#
+            let lead = try engine.request(#"{"url": "\#(url)"}"#, options: options, on: queue, c)
+            let other = try engine.request(#"{"url": "\#(url)"}"#, options: options, on: queue, c)
+            // Until the 503 came back and the transfer waits for its retry
+            // (Retry-After: 1 s), at most 5 s.
+            var waited = 0
+            while waited < 500, (try? serverCount("/steps")) != 2 || (try? engine.state(of: lead)) != .ready {
+                usleep(10_000)
+                waited += 1
+            }
+            #expect(try serverCount("/steps") == 2)
+            try engine.cancel(lead)
+            let r = try #require(c.wait(other))
+            #expect(r.outcome == .succeeded)
+            #expect(r.value?.at("/v")?.integerValue == 2)
+            let cached = try #require(c.wait(try engine.request(#"{"url": "\#(url)"}"#,
+                                                                options: #"{"cache": "only-if-cached"}"#, on: queue, c)))
+            #expect(cached.fromCache == true)
+            #expect(cached.value?.at("/v")?.integerValue == 2)
+            #expect(try validatorsSentToSteps() == ["", #""v1""#, #""v1""#])
+        }
+    }
+
     /// The request made again without validators after a 304 that no entry
     /// could take is the cache's, not a retry: a 503 after it is still
     /// retried with "max": 1. (It used the retry up: the tenth review.)

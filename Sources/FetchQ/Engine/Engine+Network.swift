@@ -330,6 +330,7 @@ extension Engine {
                 if let shared = op.leads ?? op.carries {
                     shared.retryAt = until
                     shared.attempts = attempts
+                    shared.nextAttemptCache = nextAttempt
                 }
                 let work = resolve(machine.retryLater(op.id, until: until, now: now))
                 lock.unlock()

@@ -643,6 +643,7 @@ public final class Engine: @unchecked Sendable {
             carrier.id = id
             carrier.carries = shared
             carrier.attempts = shared.attempts
+            carrier.nextAttemptCache = shared.nextAttemptCache
             shared.carrier = id
             return actions
         }

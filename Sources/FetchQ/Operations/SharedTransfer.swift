@@ -34,6 +34,10 @@ final class SharedTransfer: @unchecked Sendable {
     /// waits as long and goes on counting.
     var retryAt: UInt64? = nil
     var attempts = 0
+    /// And what the HTTP cache gave the attempts (`Operation.nextAttemptCache`):
+    /// the carrier's retry sends the same validators and stores its answer
+    /// (it had none: the tenth review's check of the session's changes).
+    var nextAttemptCache: Engine.CacheContext? = nil
 
     init(key: CoalesceKey, priority: Priority, maxWaitMs: Int) {
         self.key = key
