@@ -438,9 +438,16 @@ import Testing
             #expect(r.http?.status == 200)
             #expect(r.value?.at("/version")?.stringValue == "same")
             #expect(r.fromCache == false)
+            // The entry went with that answer: the next GET is one request,
+            // without validators (each GET was two, for ever: the tenth
+            // review's check of its changes).
+            let next = try #require(c.wait(try engine.request(#"{"url": "\#(url)"}"#, on: queue, c)))
+            #expect(next.outcome == .succeeded)
+            #expect(next.http?.metrics?.at("/attempts")?.integerValue == 1)
+            #expect(try validatorsSentToSteps() == ["", #""same""#, "", ""])
         }
-        #expect(try serverCount("/steps") == 3)
-        #expect(try serverCount("/etag") == 2)
+        #expect(try serverCount("/steps") == 4)
+        #expect(try serverCount("/etag") == 3)
     }
 
     /// A newer answer that is not stored (no Cache-Control or Expires) takes

@@ -275,6 +275,9 @@ extension Engine {
                 if response.status == 304, context.entry != nil, !context.askedAgain {
                     askAgain = true
                     nextAttempt?.askedAgain = true
+                    // The URL redirects now: its entry would make every GET
+                    // two requests, validators carried to the target first.
+                    cache.remove(context.key)
                 }
             } else if response.status == 304, let validated = context.entry, !context.askedAgain {
                 if let refreshed = cache.refresh(context.key, notModifiedHeaders: response.headers, now: now,
