@@ -122,6 +122,7 @@ extension HTTPCache {
         private var selectOne: OpaquePointer!
         private var deleteOne: OpaquePointer!
         private var updateSeq: OpaquePointer!
+        private var selectURL: OpaquePointer!
         /// The `seq` of the next write.
         private var nextSequence: Int64 = 1
 
@@ -250,6 +251,8 @@ extension HTTPCache {
                     + "last_modified, flags, size FROM fetchq_http_cache WHERE key = ?1")
             deleteOne = try sqlite.prepare("DELETE FROM fetchq_http_cache WHERE key = ?1")
             updateSeq = try sqlite.prepare("UPDATE fetchq_http_cache SET seq = ?2 WHERE key = ?1")
+            selectURL = try sqlite.prepare(
+                "SELECT key FROM fetchq_http_cache WHERE key = ?1 OR substr(key, 1, length(?2)) = ?2")
         }
 
         /// Reads the index of stored rows, keeps the newest that fit in `maxBytes` and
@@ -292,6 +295,20 @@ extension HTTPCache {
                     freshUntil: sqlite3_column_double(s, 5), etag: sqlite.columnText(s, 6),
                     lastModified: sqlite.columnText(s, 7), flags: Int64(sqlite3_column_int64(s, 8)),
                     cost: Int(sqlite3_column_int64(s, 9)))
+            }
+        }
+
+        /// The keys of the rows that are `exact`, or start with `prefix`
+        /// (rows another engine wrote since this one opened the file too).
+        func keys(_ exact: String, orStartingWith prefix: String) throws(FetchQError) -> [String] {
+            try sqlite.run(selectURL) { (s) throws(FetchQError) -> [String] in
+                try sqlite.bind(exact, to: s, at: 1)
+                try sqlite.bind(prefix, to: s, at: 2)
+                var keys: [String] = []
+                while try sqlite.stepRow(s, "find entries"), keys.count < 1_000_000 {
+                    if let key = sqlite.columnText(s, 0) { keys.append(key) }
+                }
+                return keys
             }
         }
 

@@ -364,7 +364,22 @@ public final class HTTPCache: Sendable {
     /// file's index): nothing is written otherwise.
     public func removeIfHeld(_ key: String) {
         state.withLock { state in
-            if state.entries.slot(of: key) != nil || state.cold.contains(key) { drop(key, &state) }
+            if state.entries.slot(of: key) != nil || state.cold.contains(key) || fileHolds(key, &state) {
+                drop(key, &state)
+            }
+        }
+    }
+
+    /// Whether the file has a row for `key` that this instance does not know
+    /// of (another engine wrote it since this one opened the file: a lookup
+    /// here would load it).
+    private func fileHolds(_ key: String, _ state: inout State) -> Bool {
+        guard let connection = state.connection else { return false }
+        do {
+            return try connection.read(key) != nil
+        } catch {
+            state.persistenceError = error
+            return false
         }
     }
 
@@ -377,8 +392,20 @@ public final class HTTPCache: Sendable {
         let exact = "GET " + URLUtilities.cacheForm(url)
         let prefix = exact + "\n"
         return state.withLock { state in
-            let matching = (state.entries.keys + state.cold.keys).filter {  // by bytes, as keys are compared
+            var matching = (state.entries.keys + state.cold.keys).filter {  // by bytes, as keys are compared
                 $0.utf8.elementsEqual(exact.utf8) || $0.utf8.starts(with: prefix.utf8)
+            }
+            if let connection = state.connection {
+                // And rows another engine wrote to the file since this one
+                // opened it: a lookup here would load them (the tenth review's
+                // check of its changes).
+                do throws(FetchQError) {
+                    let known = Set(matching.map(ExactString.init))
+                    let inFile = try connection.keys(exact, orStartingWith: prefix)
+                    matching += inFile.filter { !known.contains(ExactString($0)) }
+                } catch {
+                    state.persistenceError = error
+                }
             }
             for key in matching { drop(key, &state) }
             return matching.count
