@@ -377,7 +377,8 @@ final class SQLiteConnection<Failure: Error> {
 
     /// ": REASON" when the file `path` names is not there and cannot be made
     /// in its directory (permission, a read-only file system, a missing
-    /// directory); nil when it is there, or its directory looks writable.
+    /// directory); nil when it is there, or could be made (an attempt, the
+    /// file removed at once).
     /// SQLite's own errno is that of its last attempt, a read-only open of
     /// the missing file: "No such file or directory" whatever the reason
     /// (the ninth review).
@@ -391,8 +392,17 @@ final class SQLiteConnection<Failure: Error> {
         } else {
             directory = "."
         }
-        guard access(directory, W_OK | X_OK) != 0 else { return nil }
-        return ": " + String(cString: strerror(errno))
+        if access(directory, W_OK | X_OK) != 0 { return ": " + String(cString: strerror(errno)) }
+        // access() says yes to root everywhere, where a file system may
+        // still refuse (sysfs as root: "No such file or directory" was said,
+        // the tenth review's check of its changes): trying tells.
+        let fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
+        guard fd < 0 else {
+            Glibc.close(fd)
+            unlink(path)
+            return nil
+        }
+        return errno == EEXIST ? nil : ": " + String(cString: strerror(errno))
     }
 
     /// ": REASON" — the system's reason (strerror of the errno SQLite saw)
