@@ -34,6 +34,7 @@ Lifetime rules (what keeps what alive):
 from __future__ import annotations
 
 import asyncio
+import codecs
 import concurrent.futures
 import ctypes
 import itertools
@@ -220,6 +221,11 @@ class _HeldHTTPParts:
         _assign_held(self, "_metrics", "_mptr", value)
 
 
+# Python codecs that decode bytes to text but are no charsets a server means
+# (Response.text decodes with UTF-8 instead), by codecs.lookup(...).name.
+_NOT_CHARSETS = frozenset({"punycode", "idna", "undefined", "unicode-escape", "raw-unicode-escape"})
+
+
 class Response(_HeldHTTPParts):
     """The outcome of a request.
 
@@ -359,8 +365,8 @@ class Response(_HeldHTTPParts):
     def text(self) -> str:
         """The body decoded with the Content-Type's charset (default
         UTF-8), undecodable bytes replaced; UTF-8 when Python has no text
-        codec of that name, or one that cannot decode with "replace"
-        (such as "idna", "punycode", "undefined")."""
+        codec of that name, or one that is no charset ("idna", "punycode",
+        "undefined", "unicode_escape", "raw_unicode_escape")."""
         charset = "utf-8"
         ctype = self.headers.get("content-type", "")
         for part in ctype.split(";")[1:]:
@@ -368,6 +374,11 @@ class Response(_HeldHTTPParts):
             if key.lower() == "charset" and val:
                 charset = val.strip('"')
         try:
+            if codecs.lookup(charset).name in _NOT_CHARSETS:
+                # A codec of Python's, no charset: punycode "decodes" ASCII
+                # into other letters without an error (the tenth review's
+                # check of its changes: "Hello World" came back '㗁㖼㖶').
+                charset = "utf-8"
             return self.body.decode(charset, "replace")
         except (LookupError, ValueError):
             # LookupError: unknown, or not a text codec (base64). ValueError:

@@ -62,11 +62,12 @@ def test_text_decodes_with_utf8_when_the_charset_cannot_decode_it(net_engine: fe
 
         def do_GET(self) -> None:
             charset = urllib.parse.unquote(self.path.rpartition("/")[2])
+            sent = b"Hello World" if self.path.startswith("/ascii/") else body
             self.send_response(200)
             self.send_header("Content-Type", "text/plain; charset=" + charset)
-            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Content-Length", str(len(sent)))
             self.end_headers()
-            self.wfile.write(body)
+            self.wfile.write(sent)
 
         def log_message(self, *args: Any) -> None:
             pass
@@ -85,6 +86,12 @@ def test_text_decodes_with_utf8_when_the_charset_cannot_decode_it(net_engine: fe
             r = q.get(base + charset).result(timeout=TIMEOUT)
             assert r.headers["content-type"] == "text/plain; charset=" + charset
             assert r.text == text, charset
+        # Codecs that are no charsets, decoding ASCII without an error: punycode
+        # made "Hello World" other letters (the tenth review's check of its
+        # changes).
+        for charset in ["punycode", "idna", "undefined", "unicode_escape", "raw_unicode_escape", "ascii"]:
+            r = q.get(base + "ascii/" + charset).result(timeout=TIMEOUT)
+            assert r.text == "Hello World", charset
     finally:
         limit.cancel()
         srv.shutdown()
