@@ -25,6 +25,13 @@ struct FetchQCLI: ParsableCommand {
         version: fetchqVersionString,
         subcommands: [Search.self, Get.self, Request.self])
 
+    /// `fetchq` alone: a missing argument, exit 2 with the usage on stderr
+    /// (swift-argument-parser printed the help on stdout and exited 0: the
+    /// tenth review). `fetchq --help` still prints it and exits 0.
+    func run() throws {
+        throw ValidationError("a subcommand is required: search, get or request")
+    }
+
     /// ArgumentParser's `main`, except that usage errors exit with status 2
     /// (its default is EX_USAGE, 64), and one found by a subcommand's `run`
     /// shows that subcommand's usage, as one found while parsing does.

@@ -124,6 +124,9 @@ struct Request: ParsableCommand {
     /// name `option` and `shown` (the argument as the user typed it), and a
     /// file that is not UTF-8 is refused with `refusal` as the reason.
     static func fileText(_ path: String, shown argument: String, option: String, refusal: String) throws -> String {
+        if path == "-" && Startup.stdinWasClosed {
+            throw ValidationError("\(option) \(argument): standard input is closed")
+        }
         let fd = path == "-" ? 0 : open(path, O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else {
             throw ValidationError("\(option) \(argument): \(String(cString: strerror(errno)))")

@@ -46,6 +46,13 @@ func writeAll(_ fd: Int32, _ bytes: [UInt8]) -> Int32? {
                 offset += n
             } else if n < 0 && errno == EINTR {
                 continue
+            } else if n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) {
+                // A descriptor the parent made non-blocking (a full pipe):
+                // wait until it takes more, as a blocking one would (it was
+                // a write error, and a cut line: the tenth review).
+                var ready = pollfd(fd: fd, events: Int16(POLLOUT), revents: 0)
+                _ = poll(&ready, 1, -1)
+                continue
             } else if n < 0 && errno == EPIPE && fd == 1 {
                 _exit(128 + SIGPIPE)
             } else {

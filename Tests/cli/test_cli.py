@@ -605,6 +605,54 @@ def test_results_that_cannot_be_written_are_an_error(cli, server):
     assert r.stderr.decode() == "fetchq: cannot write the results to standard output: Bad file descriptor\n"
 
 
+def test_a_non_blocking_stdout_that_fills_up_is_waited_for(cli, server):
+    # A parent may hand out a non-blocking pipe: a full one (EAGAIN) was a
+    # write error (exit 1) and a line cut at 64 KiB (the tenth review).
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    try:
+        proc = subprocess.Popen([cli, "get", server + "/json?size=300000"], stdout=write_end,
+                                stderr=subprocess.PIPE)
+        os.close(write_end)
+        write_end = -1
+        time.sleep(1.0)                         # the pipe (64 KiB) is full by now
+        out = b""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            chunk = os.read(read_end, 1 << 16)
+            if not chunk:
+                break
+            out += chunk
+        rc = proc.wait(timeout=60)
+        err = proc.stderr.read()
+        proc.stderr.close()
+    finally:
+        if write_end >= 0:
+            os.close(write_end)
+        os.close(read_end)
+    assert rc == 0, err
+    (line,) = lines(out)
+    assert line["status"] == 200 and len(json.dumps(line["json"])) >= 300000
+
+
+def test_usage_errors_of_the_command_line_itself(cli, server, tmp_path):
+    # `fetchq` alone is a missing argument: exit 2, the usage on stderr
+    # (it printed the help on stdout and exited 0: the tenth review).
+    r = run(cli)
+    assert r.returncode == 2 and r.stdout == b""
+    assert b"a subcommand is required" in r.stderr and b"Usage: fetchq <subcommand>" in r.stderr
+    assert run(cli, "--help").returncode == 0
+    # A closed stdin is an error for `--input -` wherever it comes: after
+    # `--input FILE` it read that file's descriptor, at its end (nothing).
+    urls = tmp_path / "urls.txt"
+    urls.write_text(server + "/json?size=1\n")
+    for order in (["--input", str(urls), "--input", "-"], ["--input", "-", "--input", str(urls)]):
+        r = subprocess.run([cli, "get", *order], stdin=subprocess.DEVNULL, capture_output=True, timeout=60,
+                           preexec_fn=lambda: os.close(0))
+        assert r.returncode == 2, (order, r.stderr)
+        assert b"--input -: standard input is closed" in r.stderr and r.stdout == b""
+
+
 def test_arguments_that_are_not_utf8_are_refused(cli, server):
     reset(server)
     for args in (["request", "--data", b"caf\xe9", server + "/echo"],
