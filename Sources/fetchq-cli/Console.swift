@@ -50,7 +50,14 @@ final class Console: Sendable {
 
     /// A message on stderr, prefixed "fetchq: ".
     func error(_ message: String) {
-        let bytes = Array("fetchq: \(message)\n".utf8)
+        line("fetchq: \(message)")
+    }
+
+    /// A line on stderr (the engine's log lines come here: written by the
+    /// engine itself they landed on the bar's line, the tenth review), the
+    /// bar cleared first; the next redraw puts it back.
+    func line(_ text: String) {
+        let bytes = Array("\(text)\n".utf8)
         state.withLock { s in
             if s.barShown {
                 writeAll(2, Array("\r\u{1B}[K".utf8))

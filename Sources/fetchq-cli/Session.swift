@@ -36,6 +36,7 @@ final class Session: Sendable {
             throw ExitCode(Self.exitStatus(refused: error))
         }
         console.onWriteError { [engine] in _ = engine.cancelAll() }
+        engine.setLogCallback { [console] level, line in console.line("fetchq \(level): \(line)") }
         progress = Progress(console: console, visible: isatty(2) == 1 && !common.noProgress)
         let options = common.operationOptions(progress: progress.visible)
         for (key, value) in extraOptions { options.set(key, value) }

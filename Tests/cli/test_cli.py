@@ -848,9 +848,10 @@ def test_no_progress_when_stderr_is_not_a_tty(cli, server):
     assert r.stderr == b""
 
 
-def run_with_pty_stderr(cli: str, args: list) -> tuple:
+def run_with_pty_stderr(cli: str, args: list, env: dict | None = None) -> tuple:
     master, slave = pty.openpty()
-    proc = subprocess.Popen([cli, *args], stdout=subprocess.PIPE, stderr=slave)
+    proc = subprocess.Popen([cli, *args], stdout=subprocess.PIPE, stderr=slave,
+                            env=None if env is None else dict(os.environ, **env))
     os.close(slave)
     chunks = []
 
@@ -872,6 +873,21 @@ def run_with_pty_stderr(cli: str, args: list) -> tuple:
         t.join(timeout=10)
         os.close(master)
     return proc.returncode, out, b"".join(chunks).decode()
+
+
+def test_log_lines_do_not_land_on_the_bar(cli, server):
+    # The engine's log lines (FETCHQ_LOG) go through the CLI's console: the
+    # bar is cleared before one ("\r\x1b[K"), as for an error message. The
+    # engine wrote them itself, right after the bar's text on its line (the
+    # tenth review).
+    reset(server)
+    urls = [server + "/flaky?key=cli-log-bar&fail=1&ms=400", server + "/delay?ms=1200"]
+    code, out, err = run_with_pty_stderr(cli, ["get", "--retry", "1", *urls], env={"FETCHQ_LOG": "info"})
+    assert code == 0, err
+    at = [m.start() for m in re.finditer("fetchq info: retrying", err)]
+    assert len(at) == 1, err
+    assert "\r" in err[:at[0]], "no bar was drawn before the retry: %r" % err[:at[0]]
+    assert err[:at[0]].endswith("\r\x1b[K") or err[:at[0]].endswith("\n"), repr(err[max(0, at[0] - 80):at[0] + 40])
 
 
 def size(n: int) -> str:
