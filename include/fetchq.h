@@ -346,7 +346,9 @@ typedef void (*fq_async_fn)(fq_op *op, void *userdata);
  *                   carried credentials (Authorization, Proxy-Authorization,
  *                   Cookie, a password in the URL): those stay in memory. Writes to it wait at
  *                   most 100 ms for another writer's lock; one that cannot
- *                   is skipped (the entry stays in memory) and a warning is
+ *                   is skipped (the entry stays in memory; a removal's
+ *                   row is not read back, and goes at the next write that
+ *                   works) and a warning is
  *                   logged once per run of such failures. Engines sharing a
  *                   file share its rows, not their memory: an entry one
  *                   removes may still be served from another's memory, and

@@ -167,6 +167,11 @@ public final class HTTPCache: Sendable {
         var reopened = false
         /// The file was found replaced by another (reported once: see `record`).
         var replacedReported = false
+        /// Keys removed here whose row the file could not delete (another
+        /// writer held it): not loaded from the file again, and deleted at
+        /// the next write that works. (The row came back at the next lookup,
+        /// and answered after the POST that removed it: the tenth review.)
+        var unwrittenDeletes = Set<ExactString>()
 
         var bytes: Int { entries.bytes + cold.bytes }
     }
@@ -507,8 +512,15 @@ public final class HTTPCache: Sendable {
             // An entry the file may not hold (`mayPersist`) still writes the
             // deletions of what it evicted, and removes an older row of its key.
             if row == nil { deleted.append(key) }
-            record(&state) { (connection) throws(FetchQError) in
+            // (Written now: the row goes in, not out, at the next write.)
+            state.unwrittenDeletes.remove(ExactString(key))
+            let written = record(&state) { (connection) throws(FetchQError) in
                 try connection.write(row, deleting: deleted)
+            }
+            if !written {
+                // The file keeps what it had: an older row of the key (the
+                // entry here is newer) and the rows evicted here.
+                for gone in deleted + [key] { state.unwrittenDeletes.insert(ExactString(gone)) }
             }
         }
     }
@@ -531,7 +543,8 @@ public final class HTTPCache: Sendable {
     private func drop(_ key: String, _ state: inout State) {
         if let slot = state.entries.slot(of: key) { state.entries.remove(at: slot) }
         state.cold.remove(key)
-        record(&state) { (connection) throws(FetchQError) in try connection.write(nil, deleting: [key]) }
+        let written = record(&state) { (connection) throws(FetchQError) in try connection.write(nil, deleting: [key]) }
+        if !written { state.unwrittenDeletes.insert(ExactString(key)) }
     }
 
     /// The entry for `key` read from the file, now held in memory as the most recently
@@ -539,6 +552,7 @@ public final class HTTPCache: Sendable {
     /// that cannot be decoded is deleted.
     private func loadFromFile(_ key: String, _ state: inout State) -> Entry? {
         guard let connection = state.connection else { return nil }
+        if !state.unwrittenDeletes.isEmpty && state.unwrittenDeletes.contains(ExactString(key)) { return nil }
         let read: CacheConnection.Row?
         do {
             read = try connection.read(key)
@@ -574,8 +588,12 @@ public final class HTTPCache: Sendable {
     /// `-shm` files at the path may be the old file's or the new one's, and a connection
     /// opened there would read the old log over the new file (SQLite's own warning about
     /// files renamed while open); writes go on to the file opened, and a warning says so.
-    private func record(_ state: inout State, _ body: (CacheConnection) throws(FetchQError) -> Void) {
-        guard var connection = state.connection else { return }
+    /// Runs a write on the file (none without one: true); false when it
+    /// failed (`persistenceError` says why). After one that worked, the
+    /// deletes that could not be written before are tried again.
+    @discardableResult
+    private func record(_ state: inout State, _ body: (CacheConnection) throws(FetchQError) -> Void) -> Bool {
+        guard var connection = state.connection else { return true }
         do {
             switch connection.fileState {
             case .same:
@@ -602,12 +620,22 @@ public final class HTTPCache: Sendable {
             }
             try body(connection)
             state.inFailedRun = false
+            if !state.unwrittenDeletes.isEmpty {
+                do throws(FetchQError) {
+                    try connection.write(nil, deleting: state.unwrittenDeletes.map(\.value))
+                    state.unwrittenDeletes.removeAll()
+                } catch {
+                    state.persistenceError = error  // tried again at the next write
+                }
+            }
+            return true
         } catch {
             state.persistenceError = error
             if !state.inFailedRun {
                 state.inFailedRun = true
                 state.unreportedPersistenceError = error
             }
+            return false
         }
     }
 }

@@ -188,3 +188,43 @@ def test_a_locked_cache_file_stalls_nothing_and_is_reported(tmp_path: Path, capl
         finally:
             locker.execute("ROLLBACK")
             locker.close()
+
+
+@pytest.mark.parametrize("how", ["POST", "reload"])
+def test_an_entry_removed_while_the_file_is_locked_does_not_come_back(tmp_path: Path, how: str) -> None:
+    """An entry removed (a POST to its URL, a newer answer without caching
+    headers) while another writer held the cache file: the row's delete was
+    skipped, and the next GET loaded the old row back from the file and
+    answered with it (the tenth review's check of its changes)."""
+    path = tmp_path / "cache.db"
+    answers: List[str] = []
+
+    def x(conn: socket.socket, head: str) -> bool:
+        answers.append(head.split(" ", 1)[0])
+        if head.startswith("POST"):
+            conn.sendall(response("200 OK", ["Content-Type: application/json"], b"{}"))
+        elif len(answers) == 1:
+            conn.sendall(response("200 OK", ["Cache-Control: max-age=600", "Content-Type: application/json"],
+                                  b'{"v": 1}'))
+        else:
+            conn.sendall(response("200 OK", ["Content-Type: application/json"], b'{"v": 2}'))
+        return True
+
+    for s in serve({"/x": x}):
+        with fetchq.Engine(cache={"path": str(path)}, log="off") as e:
+            q = e.queue("c")
+            assert q.get(s.url("/x")).result(timeout=TIMEOUT).json() == {"v": 1}
+            locker = sqlite3.connect(str(path), timeout=0, isolation_level=None)
+            locker.execute("BEGIN IMMEDIATE")
+            try:
+                if how == "POST":
+                    assert q.request("POST", s.url("/x"), data=b"1").result(timeout=TIMEOUT).status == 200
+                else:
+                    assert q.get(s.url("/x"), cache="reload").result(timeout=TIMEOUT).json() == {"v": 2}
+            finally:
+                locker.execute("ROLLBACK")
+                locker.close()
+            r = q.get(s.url("/x")).result(timeout=TIMEOUT)
+            assert r.metrics["from_cache"] is False and r.json() == {"v": 2}
+        with sqlite3.connect(str(path)) as db:                    # and the row went at the next write
+            assert db.execute("SELECT count(*) FROM fetchq_http_cache").fetchone() == (0,)
