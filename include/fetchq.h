@@ -621,8 +621,9 @@ fq_op_id fq_submit_async(fq_queue *queue, fq_async_fn fn, const json_t *options,
  *                stored for want of them (with a status the cache stores)
  *                removes the entry it would have replaced. A 304 reached
  *                through a redirect (libcurl carries the validators to the
- *                same host) makes the request again without validators, and
- *                the entry goes (the URL redirects now). An entry answers
+ *                same host) makes the request again without validators; any
+ *                answer reached through a redirect removes the URL's own
+ *                entry (the URL redirects now). An entry answers
  *                only a request with the same URL (its scheme and host in
  *                any case, a fragment aside: RFC 9110 §4.2.3) and headers (Cache-Control
  *                and Pragma aside: a "no-cache" request refreshes the entry

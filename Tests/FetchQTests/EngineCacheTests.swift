@@ -450,6 +450,28 @@ import Testing
         #expect(try serverCount("/etag") == 3)
     }
 
+    /// An entry whose URL redirects now, to a target that answers 200: the
+    /// entry goes with that answer. (It went on being revalidated, delivered
+    /// first by stale-while-revalidate and answering "only-if-cached": the
+    /// tenth review's check of its changes.)
+    @Test func anEntryWhoseURLRedirectsNowGoes() throws {
+        _ = try server.get("/stats/reset")
+        try withEngine { engine, queue, c in
+            let url = stepsURL("moved-200", #"200;Cache-Control=max-age=0;ETag="v1";body={"v": 1}|302;Location=/cache?max_age=0&key=target-200"#)
+            #expect(c.wait(try engine.request(#"{"url": "\#(url)"}"#, on: queue, c))?.value?.at("/v")?.integerValue == 1)
+            let moved = try #require(c.wait(try engine.request(#"{"url": "\#(url)"}"#, on: queue, c)))
+            #expect(moved.outcome == .succeeded)
+            #expect(moved.value?.at("/key")?.stringValue == "target-200")
+            let cached = try #require(c.wait(try engine.request(#"{"url": "\#(url)"}"#,
+                                                                options: #"{"cache": "only-if-cached"}"#, on: queue, c)))
+            #expect(cached.status == .cacheMiss, "\(cached.value?.text ?? "no value")")
+            let id = try engine.request(#"{"url": "\#(url)"}"#, options: #"{"cache": "stale-while-revalidate"}"#, on: queue, c)
+            #expect(c.wait(id)?.value?.at("/key")?.stringValue == "target-200")
+            #expect(c.allEvents.filter { $0.id == id && $0.kind == .update }.isEmpty)
+            #expect(try validatorsSentToSteps() == ["", #""v1""#, ""])
+        }
+    }
+
     /// A newer answer that is not stored (no Cache-Control or Expires) takes
     /// the older entry's place all the same: the entry goes, and the next
     /// plain request asks the server. (It went on answering: the tenth

@@ -379,13 +379,12 @@ public final class HTTPCache: Sendable {
     /// of (another engine wrote it since this one opened the file: a lookup
     /// here would load it).
     private func fileHolds(_ key: String, _ state: inout State) -> Bool {
-        guard let connection = state.connection else { return false }
-        do {
-            return try connection.read(key) != nil
-        } catch {
-            state.persistenceError = error
-            return false
-        }
+        guard state.connection != nil else { return false }
+        var found = false
+        // (Through `record`: a file deleted meanwhile is made again first,
+        // where the other engine writes now.)
+        record(&state) { (connection) throws(FetchQError) in found = try connection.read(key) != nil }
+        return found
     }
 
     /// Removes every entry for `url`, whatever its request headers (keys made by ``key(method:url:headers:)``
@@ -400,17 +399,18 @@ public final class HTTPCache: Sendable {
             var matching = (state.entries.keys + state.cold.keys).filter {  // by bytes, as keys are compared
                 $0.utf8.elementsEqual(exact.utf8) || $0.utf8.starts(with: prefix.utf8)
             }
-            if let connection = state.connection {
+            if state.connection != nil {
                 // And rows another engine wrote to the file since this one
                 // opened it: a lookup here would load them (the tenth review's
-                // check of its changes).
-                do throws(FetchQError) {
-                    let known = Set(matching.map(ExactString.init))
-                    let inFile = try connection.keys(exact, orStartingWith: prefix)
-                    matching += inFile.filter { !known.contains(ExactString($0)) }
-                } catch {
-                    state.persistenceError = error
+                // check of its changes). Through `record`: a file deleted
+                // meanwhile is made again first, where the other engine
+                // writes now.
+                let known = Set(matching.map(ExactString.init))
+                var inFile: [String] = []
+                record(&state) { (connection) throws(FetchQError) in
+                    inFile = try connection.keys(exact, orStartingWith: prefix)
                 }
+                matching += inFile.filter { !known.contains(ExactString($0)) }
             }
             for key in matching { drop(key, &state) }
             return matching.count

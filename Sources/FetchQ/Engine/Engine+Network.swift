@@ -275,10 +275,13 @@ extension Engine {
                 if response.status == 304, context.entry != nil, !context.askedAgain {
                     askAgain = true
                     nextAttempt?.askedAgain = true
-                    // The URL redirects now: its entry would make every GET
-                    // two requests, validators carried to the target first.
-                    cache.remove(context.key)
                 }
+                // The URL redirects now: an entry of its own is out of date
+                // (with a 304 there, every GET was two requests, validators
+                // carried to the target first; with a 200, the old entry
+                // went on answering "only-if-cached" and being delivered
+                // first: the tenth review).
+                cache.removeIfHeld(context.key)
             } else if response.status == 304, let validated = context.entry, !context.askedAgain {
                 if let refreshed = cache.refresh(context.key, notModifiedHeaders: response.headers, now: now,
                                                  validated: validated) {
