@@ -625,7 +625,9 @@ fq_op_id fq_submit_async(fq_queue *queue, fq_async_fn fn, const json_t *options,
  *                answer reached through a redirect removes the URL's own
  *                entry (the URL redirects now). An entry answers
  *                only a request with the same URL (its scheme and host in
- *                any case, a fragment aside: RFC 9110 §4.2.3) and headers (Cache-Control
+ *                any case, a fragment aside, an empty path as "/", the
+ *                scheme's default port written or not: RFC 9110 §4.2.3)
+ *                and headers (Cache-Control
  *                and Pragma aside: a "no-cache" request refreshes the entry
  *                the others use), the same "verify_tls" and "ca_file", and
  *                redirects followed or not alike, and the same

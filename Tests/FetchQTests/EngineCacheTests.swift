@@ -239,6 +239,7 @@ import Testing
             #expect(try get(url).fromCache == false)
             #expect(try get(upper).fromCache == true)
             #expect(try get(url + "#top").fromCache == true)
+
             for unsafe in [upper, url + "#top"] {
                 let post = try #require(c.wait(try engine.request(#"{"url": "\#(unsafe)", "method": "POST", "body": "x"}"#,
                                                                   on: queue, c)))

@@ -58,14 +58,24 @@ import Testing
             ("HTTP://Example.COM:8080/Path/X?Q=A#Top", "http://example.com:8080/Path/X?Q=A"),
             ("http://127.0.0.1:1/inv#top", "http://127.0.0.1:1/inv"),
             ("https://Alice:PassWord@Host.Example/P", "https://Alice:PassWord@host.example/P"),
-            ("http://[FE80::1]:80/A", "http://[fe80::1]:80/A"),
-            ("HTTP://H?A=B", "http://h?A=B"),
+            ("http://[FE80::1]:80/A", "http://[fe80::1]/A"),
+            ("HTTP://H?A=B", "http://h/?A=B"),
+            ("http://h", "http://h/"),
+            ("http://h:80/x", "http://h/x"),
+            ("https://h:443", "https://h/"),
+            ("http://h:443/x", "http://h:443/x"),
+            ("https://h:80/x", "https://h:80/x"),
+            ("http://[::1]:80/x", "http://[::1]/x"),
+            ("http://[::1]/x", "http://[::1]/x"),
+            ("http://u:80@h/x", "http://u:80@h/x"),
             ("http://h/a", "http://h/a"),
             ("not a url#x", "not a url"),
             ("mailto:X@Y", "mailto:X@Y"),
         ]
         for (url, form) in cases { #expect(URLUtilities.cacheForm(url) == form, "\(url)") }
         #expect(HTTPCache.key(method: "GET", url: "HTTP://H/x#f", headers: []) == HTTPCache.key(method: "GET", url: "http://h/x", headers: []))
+        // (an empty path and a default port: the tenth review's check of its changes)
+        #expect(HTTPCache.key(method: "GET", url: "http://h:80", headers: []) == HTTPCache.key(method: "GET", url: "http://h/", headers: []))
     }
 
     @Test func nonASCIIBytesArePercentEncodedAndPasswordsRedacted() {

@@ -131,32 +131,47 @@ public enum URLUtilities {
         return (start, at)
     }
 
-    /// `url` as the HTTP cache compares it: scheme and host in lower case
-    /// (RFC 9110 §4.2.3: they are case-insensitive), and no fragment (it is
-    /// never sent). The userinfo, path and query are kept as they are.
+    /// `url` as the HTTP cache compares it (RFC 9110 §4.2.3): scheme and
+    /// host in lower case, no fragment (it is never sent), an empty path
+    /// as "/", and no port where it is the scheme's default (80 for http,
+    /// 443 for https). The userinfo, path and query are kept as they are.
     public static func cacheForm(_ url: String) -> String {
         // Most URLs are in that form already: looked at in place, copied
         // only to change them (this runs for every GET the cache may answer).
         var copy = url
         let form = copy.withUTF8 { bytes -> [UInt8]? in
             let length = bytes.firstIndex(of: UInt8(ascii: "#")) ?? bytes.count
-            var lower = 0..<0  // the scheme, and the host (and port) after "//"
-            var host = 0..<0
-            if let colon = bytes[..<length].firstIndex(of: UInt8(ascii: ":")), colon > 0,
-               bytes[..<colon].allSatisfy({ isSchemeByte($0) }) {
-                lower = 0..<colon
-                if colon + 2 < length, bytes[colon + 1] == UInt8(ascii: "/"), bytes[colon + 2] == UInt8(ascii: "/") {
-                    var end = colon + 3
-                    while end < length, bytes[end] != UInt8(ascii: "/"), bytes[end] != UInt8(ascii: "?") { end += 1 }
-                    let first = bytes[(colon + 3)..<end].lastIndex(of: UInt8(ascii: "@")).map { $0 + 1 } ?? colon + 3
-                    host = first..<end
-                }
+            guard let colon = bytes[..<length].firstIndex(of: UInt8(ascii: ":")), colon > 0,
+                  bytes[..<colon].allSatisfy({ isSchemeByte($0) }) else {
+                return length < bytes.count ? Array(bytes[..<length]) : nil
             }
             let upper = { (i: Int) in bytes[i] != asciiLowercased(bytes[i]) }
-            guard length < bytes.count || lower.contains(where: upper) || host.contains(where: upper) else { return nil }
-            var out = Array(bytes[..<length])
-            for i in lower { out[i] = asciiLowercased(out[i]) }
-            for i in host { out[i] = asciiLowercased(out[i]) }
+            guard colon + 2 < length, bytes[colon + 1] == UInt8(ascii: "/"), bytes[colon + 2] == UInt8(ascii: "/") else {
+                guard length < bytes.count || (0..<colon).contains(where: upper) else { return nil }
+                var out = Array(bytes[..<length])
+                for i in 0..<colon { out[i] = asciiLowercased(out[i]) }
+                return out
+            }
+            var end = colon + 3  // the authority: up to the path or query
+            while end < length, bytes[end] != UInt8(ascii: "/"), bytes[end] != UInt8(ascii: "?") { end += 1 }
+            let host = bytes[(colon + 3)..<end].lastIndex(of: UInt8(ascii: "@")).map { $0 + 1 } ?? colon + 3
+            // A port: after the last ":" that is not inside an IPv6 literal.
+            var portColon: Int? = nil
+            if let last = bytes[host..<end].lastIndex(of: UInt8(ascii: ":")),
+               !bytes[last..<end].contains(UInt8(ascii: "]")) {
+                portColon = last
+            }
+            let scheme = String(decoding: bytes[..<colon].map(asciiLowercased), as: UTF8.self)
+            let port = portColon.map { String(decoding: bytes[($0 + 1)..<end], as: UTF8.self) }
+            let defaultPort = port != nil && ((scheme == "http" && port == "80") || (scheme == "https" && port == "443"))
+            let emptyPath = end == length || bytes[end] == UInt8(ascii: "?")
+            guard length < bytes.count || defaultPort || emptyPath || (0..<colon).contains(where: upper)
+                    || (host..<end).contains(where: upper) else { return nil }
+            var out = Array(bytes[..<colon].map(asciiLowercased))
+            out += bytes[colon..<host]
+            out += bytes[host..<(defaultPort ? portColon! : end)].map(asciiLowercased)
+            if emptyPath { out.append(UInt8(ascii: "/")) }
+            out += bytes[end..<length]
             return out
         }
         return form.map { String(decoding: $0, as: UTF8.self) } ?? url
