@@ -239,6 +239,8 @@ public func fq_event_progress(_ handle: OpaquePointer?, _ received: UnsafeMutabl
 public func fq_submit_search_all(_ handle: OpaquePointer?, _ queries: UnsafePointer<UnsafePointer<CChar>?>?, _ n: Int,
                                  _ options: UnsafePointer<json_t>?, _ done: fq_completion_fn?,
                                  _ userdata: UnsafeMutableRawPointer?) -> fq_op_id {
+    // (n above INT64_MAX arrives negative: said so, not "n == 0".)
+    guard n >= 0 else { return fq_op_id(fail(.invalid, "n is larger than any array can be")) }
     guard let q = queue(handle), let queries, n > 0 else {
         return fq_op_id(fail(.invalid, "NULL queue, NULL queries or n == 0"))
     }

@@ -173,6 +173,12 @@ TEST(misuse_null_engine_and_queue_functions) {
     CHECK_EQ_INT(fq_engine_free(e), FQ_OK);
 }
 
+/* A NULL-terminated-at-once array of queries (the entry is never read). */
+static const char *const *none_too(void) {
+    static const char *const none[] = {NULL};
+    return none;
+}
+
 TEST(misuse_null_submit_arguments) {
     fq_engine *e = fqt_engine("{\"search\": {\"url\": \"http://127.0.0.1:9/?q={query}\"}}");
     fq_queue *q = fqt_queue(e, "q", 1);
@@ -195,6 +201,8 @@ TEST(misuse_null_submit_arguments) {
     /* An n no array can have, whose first entry is NULL: refused at that
      * entry (n = 2^40 aborted the process, n = 2^63 - 1 corrupted the heap:
      * the tenth review) */
+    EXPECT_ST(fq_submit_search_all(q, none_too(), (size_t)1 << 63, NULL, rec_done, &r), FQ_ERR_INVALID);
+    EXPECT_MSG("n is larger than any array can be");
     const char *none[] = {NULL};
     const size_t huge[] = {(size_t)1 << 40, (size_t)1 << 60, ((size_t)1 << 63) - 1, ((size_t)1 << 60) - 1};
     for (size_t i = 0; i < sizeof huge / sizeof huge[0]; i++) {
@@ -344,6 +352,42 @@ TEST(misuse_a_file_in_a_directory_not_writable_says_permission_denied) {
 /* An item jansson can hold but reading back refuses (a member name with a
  * NUL byte; nesting deeper than jansson's 2048 levels) is refused by
  * fq_store_upsert: accepted, it made its whole collection unreadable. */
+/* A path longer than SQLite takes (512 bytes as an absolute path) in a
+ * directory that exists: the message says so (it said "No such file or
+ * directory" or "Invalid argument": the tenth review). */
+TEST(misuse_a_path_longer_than_sqlite_takes_says_so) {
+    char dir[] = "/tmp/fq-misuse-long-XXXXXX";
+    REQUIRE(mkdtemp(dir) != NULL);
+    char path[800], part[201];
+    memset(part, 'd', 200);
+    part[200] = '\0';
+    snprintf(path, sizeof path, "%s/%s", dir, part);
+    REQUIRE(mkdir(path, 0700) == 0);
+    part[0] = 'e';
+    size_t used = strlen(path);
+    snprintf(path + used, sizeof path - used, "/%s", part);
+    REQUIRE(mkdir(path, 0700) == 0);
+    used = strlen(path);
+    snprintf(path + used, sizeof path - used, "/%.150s.db", part);
+    REQUIRE(strlen(path) > 512);
+    char errbuf[1024] = "";
+    CHECK(fq_store_open(path, errbuf, sizeof errbuf) == NULL);
+    CHECK_EQ_INT(fq_last_status(), FQ_ERR_STORE);
+    CHECK_CONTAINS(errbuf, "SQLite takes at most 511");
+    char config[1200];
+    snprintf(config, sizeof config, "{\"log\": \"off\", \"cache\": {\"path\": \"%s\"}}", path);
+    json_t *cfg = json_loads(config, 0, NULL);
+    REQUIRE(cfg != NULL);
+    char engine_err[1024] = "";
+    CHECK(fq_engine_new(cfg, engine_err, sizeof engine_err) == NULL);
+    json_decref(cfg);
+    CHECK_CONTAINS(engine_err, "SQLite takes at most 511");
+    CHECK(access(path, F_OK) != 0); /* nothing left there */
+    char cmd[900];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    CHECK_EQ_INT(system(cmd), 0);
+}
+
 TEST(misuse_store_upsert_refuses_items_that_would_not_read_back) {
     char dir[] = "/tmp/fq-misuse-readback-XXXXXX";
     REQUIRE(mkdtemp(dir) != NULL);

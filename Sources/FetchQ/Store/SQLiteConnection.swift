@@ -383,6 +383,17 @@ final class SQLiteConnection<Failure: Error> {
     /// the missing file: "No such file or directory" whatever the reason
     /// (the ninth review).
     static func creationReason(_ path: String) -> String? {
+        // SQLite takes absolute paths of at most 512 bytes (SQLITE_MAX_PATHNAME);
+        // the system more: such a file could be made, and the reason was
+        // "No such file or directory" or "Invalid argument" (the tenth review).
+        var absolute = path.utf8.count
+        if !path.hasPrefix("/"), let cwd = getcwd(nil, 0) {
+            absolute += strlen(cwd) + 1
+            free(cwd)
+        }
+        if absolute >= 512 {
+            return ": the path is \(absolute) bytes long as an absolute path, and SQLite takes at most 511"
+        }
         var info = stat()
         if stat(path, &info) == 0 { return nil }
         guard errno == ENOENT else { return ": " + String(cString: strerror(errno)) }
