@@ -223,7 +223,7 @@ class _HeldHTTPParts:
 
 # Python codecs that decode bytes to text but are no charsets a server means
 # (Response.text decodes with UTF-8 instead), by codecs.lookup(...).name.
-_NOT_CHARSETS = frozenset({"punycode", "idna", "undefined", "unicode-escape", "raw-unicode-escape"})
+_NOT_CHARSETS = frozenset({"punycode", "idna", "undefined", "unicode-escape", "raw-unicode-escape", "charmap"})
 
 
 class Response(_HeldHTTPParts):
@@ -366,7 +366,7 @@ class Response(_HeldHTTPParts):
         """The body decoded with the Content-Type's charset (default
         UTF-8), undecodable bytes replaced; UTF-8 when Python has no text
         codec of that name, or one that is no charset ("idna", "punycode",
-        "undefined", "unicode_escape", "raw_unicode_escape")."""
+        "undefined", "unicode_escape", "raw_unicode_escape", "charmap")."""
         charset = "utf-8"
         ctype = self.headers.get("content-type", "")
         for part in ctype.split(";")[1:]:

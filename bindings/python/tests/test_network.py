@@ -82,14 +82,14 @@ def test_text_decodes_with_utf8_when_the_charset_cannot_decode_it(net_engine: fe
         base = "http://127.0.0.1:%d/" % srv.server_address[1]
         utf8 = "caf\u00e9 \ufffd done"
         for charset, text in [("utf-8", utf8), ("latin-1", body.decode("latin-1")), ("bogus", utf8),
-                              ("base64", utf8), ("undefined", utf8), ("idna", utf8), ("punycode", utf8)]:
+                              ("base64", utf8), ("undefined", utf8), ("idna", utf8), ("punycode", utf8), ("charmap", utf8)]:
             r = q.get(base + charset).result(timeout=TIMEOUT)
             assert r.headers["content-type"] == "text/plain; charset=" + charset
             assert r.text == text, charset
         # Codecs that are no charsets, decoding ASCII without an error: punycode
         # made "Hello World" other letters (the tenth review's check of its
         # changes).
-        for charset in ["punycode", "idna", "undefined", "unicode_escape", "raw_unicode_escape", "ascii"]:
+        for charset in ["punycode", "idna", "undefined", "unicode_escape", "raw_unicode_escape", "charmap", "ascii"]:
             r = q.get(base + "ascii/" + charset).result(timeout=TIMEOUT)
             assert r.text == "Hello World", charset
     finally:
