@@ -581,36 +581,32 @@ import Testing
     @Test(arguments: ["reload", "POST"])
     func anotherEnginesRowsGoLikeThisOnes(how: String) throws {
         _ = try server.get("/stats/reset")
-        var template = Array("/tmp/fetchq-cache-XXXXXX".utf8CString)
-        let dir = String(cString: try #require(template.withUnsafeMutableBufferPointer { mkdtemp($0.baseAddress!) }))
-        defer {
-            for s in ["", "-wal", "-shm"] { unlink(dir + "/c.db" + s) }
-            rmdir(dir)
-        }
-        let config = #"{"cache": {"path": "\#(dir)/c.db"}}"#
-        let url = stepsURL("two-engines-\(how)", #"200;Cache-Control=max-age=100;body={"v": 1}|200;ETag="v2";body={"v": 2}"#)
-        try withEngine(config) { a, aQueue, aDone in
-            try withEngine(config) { b, bQueue, bDone in  // opened after a: a's index does not have its row
-                let first = try #require(bDone.wait(try b.request(#"{"url": "\#(url)"}"#, on: bQueue, bDone)))
-                #expect(first.value?.at("/v")?.integerValue == 1)
+        try withCacheDirectory { dir in
+            let config = #"{"cache": {"path": "\#(dir)/c.db"}}"#
+            let url = stepsURL("two-engines-\(how)", #"200;Cache-Control=max-age=100;body={"v": 1}|200;ETag="v2";body={"v": 2}"#)
+            try withEngine(config) { a, aQueue, aDone in
+                try withEngine(config) { b, bQueue, bDone in  // opened after a: a's index does not have its row
+                    let first = try #require(bDone.wait(try b.request(#"{"url": "\#(url)"}"#, on: bQueue, bDone)))
+                    #expect(first.value?.at("/v")?.integerValue == 1)
+                }
+                if how == "reload" {
+                    let newer = try #require(aDone.wait(try a.request(#"{"url": "\#(url)"}"#, options: #"{"cache": "reload"}"#,
+                                                                      on: aQueue, aDone)))
+                    #expect(newer.value?.at("/v")?.integerValue == 2)
+                } else {
+                    let post = try #require(aDone.wait(try a.request(#"{"url": "\#(url)", "method": "POST", "body": "x"}"#,
+                                                                     on: aQueue, aDone)))
+                    #expect(post.outcome == .succeeded)
+                }
+                let cached = try #require(aDone.wait(try a.request(#"{"url": "\#(url)"}"#, options: #"{"cache": "only-if-cached"}"#,
+                                                                   on: aQueue, aDone)))
+                #expect(cached.status == .cacheMiss, "\(cached.value?.text ?? "no value")")
             }
-            if how == "reload" {
-                let newer = try #require(aDone.wait(try a.request(#"{"url": "\#(url)"}"#, options: #"{"cache": "reload"}"#,
-                                                                  on: aQueue, aDone)))
-                #expect(newer.value?.at("/v")?.integerValue == 2)
-            } else {
-                let post = try #require(aDone.wait(try a.request(#"{"url": "\#(url)", "method": "POST", "body": "x"}"#,
-                                                                 on: aQueue, aDone)))
-                #expect(post.outcome == .succeeded)
+            try withEngine(config) { c, queue, done in  // and the file has no row left
+                let cached = try #require(done.wait(try c.request(#"{"url": "\#(url)"}"#, options: #"{"cache": "only-if-cached"}"#,
+                                                                  on: queue, done)))
+                #expect(cached.status == .cacheMiss)
             }
-            let cached = try #require(aDone.wait(try a.request(#"{"url": "\#(url)"}"#, options: #"{"cache": "only-if-cached"}"#,
-                                                               on: aQueue, aDone)))
-            #expect(cached.status == .cacheMiss, "\(cached.value?.text ?? "no value")")
-        }
-        try withEngine(config) { c, queue, done in  // and the file has no row left
-            let cached = try #require(done.wait(try c.request(#"{"url": "\#(url)"}"#, options: #"{"cache": "only-if-cached"}"#,
-                                                              on: queue, done)))
-            #expect(cached.status == .cacheMiss)
         }
     }
 

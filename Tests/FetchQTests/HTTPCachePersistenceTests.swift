@@ -4,7 +4,7 @@ import Testing
 @testable import FetchQ
 
 /// A directory from `mkdtemp`, removed with its files afterwards.
-private func withCacheDirectory<R>(_ body: (String) throws -> R) throws -> R {
+func withCacheDirectory<R>(_ body: (String) throws -> R) throws -> R {
     var template = Array("/tmp/fetchq-cache-XXXXXX".utf8CString)
     guard let made = template.withUnsafeMutableBufferPointer({ mkdtemp($0.baseAddress!) }) else {
         throw FetchQError(.store, "mkdtemp failed: errno \(errno)")

@@ -1820,8 +1820,7 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         var actions: [Action] = []
         while let top = deadlines.min, top.key <= now {
             deadlines.removeMin()
-            if let s = liveSlot(top.value), slots[s].state == .waiting || slots[s].state == .ready,
-               restarted.isEmpty || !restarted.contains(top.value) {
+            if waitsToStart(top.value), let s = liveSlot(top.value) {
                 end(s, .failed, .queueTimeout, .text(waitedMessage(top.value)), now: now, into: &actions)
             }
         }
