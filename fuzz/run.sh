@@ -17,7 +17,8 @@
 #
 # replay: builds fuzz/ without the fuzzer but with AddressSanitizer (debug,
 # scratch fuzz/.build-replay) and runs Tests/fuzz-regressions/TARGET/*,
-# fuzz/corpus/TARGET/* and (search, response) the JSONTestSuite files through the
+# fuzz/corpus/TARGET/* and (every target but config) the JSONTestSuite files, which
+# must be there beside the clone, through the
 # same target code once each; exits 1 if one fails. Used by `make test` (target
 # test-fuzz-regressions).
 set -euo pipefail
@@ -135,6 +136,9 @@ HINT
     echo "no findings ($(( $(now) - t0 )) s in all)"
     ;;
 replay)
+    # make test replays the JSONTestSuite too (README, "Set up"): without it
+    # the replay would pass on less than it claims.
+    if [ ! -d "$SUITE" ]; then echo "replay: JSONTestSuite not found at $SUITE" >&2; exit 1; fi
     t0=$(now)
     fresh_scratch "$FUZZ/.build-replay"
     build --package-path "$FUZZ" --scratch-path "$FUZZ/.build-replay" --sanitize=address
@@ -144,7 +148,7 @@ replay)
     for t in "${targets[@]}"; do
         inputs=("$FUZZ/corpus/$t")
         [ -d "$ROOT/Tests/fuzz-regressions/$t" ] && inputs=("$ROOT/Tests/fuzz-regressions/$t" "${inputs[@]}")
-        [ "$t" != config ] && [ -d "$SUITE" ] && inputs+=("$SUITE")
+        [ "$t" != config ] && inputs+=("$SUITE")
         if ! "$bin/fuzz-$t" "${inputs[@]}"; then failed="$failed $t"; fi
     done
     echo "replay: built in $(( built - t0 )) s, ran in $(( $(now) - built )) s"

@@ -246,6 +246,45 @@ import Testing
         #expect(policy.delay(after: .success(busy), attempt: 1, method: "GET", now: 0) == 3)
     }
 
+    /// Exponential backoff: retry n waits base * 2^(n-1), capped at
+    /// max_delay, times a factor in [0.5, 1] (fetchq.h, option "retry").
+    /// Checked on the policy itself, with no clock: the engine test of the
+    /// same retries only sees their sum.
+    @Test func backoffStaysWithinItsJitterAndCap() {
+        var policy = RetryPolicy()
+        policy.max = 40
+        policy.base = 0.2
+        policy.maxDelay = 10
+        let failed = Result<HTTPResponse, TransportError>.failure(TransportError(kind: .network, message: "reset"))
+        let unavailable = HTTPResponse(status: 503, headers: [], body: [], effectiveURL: "http://example.test/",
+                                       metrics: TransferMetrics())
+        for attempt in 1...40 {
+            let full = min(10, 0.2 * Double(1 << min(attempt - 1, 30)))
+            var lowest = Double.infinity
+            var highest = 0.0
+            for outcome in [failed, .success(unavailable)] {
+                for _ in 0..<200 {
+                    let d = policy.delay(after: outcome, attempt: attempt, method: "GET", now: 0)
+                    guard let d else {
+                        Issue.record("attempt \(attempt): no retry")
+                        return
+                    }
+                    lowest = min(lowest, d)
+                    highest = max(highest, d)
+                }
+            }
+            #expect(lowest >= full * 0.5, "attempt \(attempt): \(lowest) below half of \(full)")
+            #expect(highest <= full, "attempt \(attempt): \(highest) above \(full)")
+            // 400 draws spread over the range: not a constant factor.
+            #expect(highest - lowest > full * 0.25, "attempt \(attempt): \(lowest)...\(highest)")
+        }
+        // Past the last retry: no more.
+        #expect(policy.delay(after: failed, attempt: 41, method: "GET", now: 0) == nil)
+        // A zero base with no cap left: no wait at all.
+        policy.base = 0
+        #expect(policy.delay(after: failed, attempt: 3, method: "GET", now: 0) == 0)
+    }
+
     @Test func defaultRetryStatuses() {
         #expect(RetryPolicy().statuses == [408, 429, 500, 502, 503, 504])
         var changed = RetryPolicy()

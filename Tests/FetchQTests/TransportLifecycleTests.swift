@@ -129,9 +129,11 @@ struct TransportLifecycleTests {
     func noLostWakeups() throws {
         // Each start is made right after the previous completion, while the loop
         // thread is between its last check of the inbox and curl_multi_poll. A
-        // lost wakeup would stall that request for the poll's 1 s timeout (no
-        // other socket is active to wake it).
-        let transport = try CurlTransport()
+        // lost wakeup would stall that request until the poll times out (no
+        // other socket is active to wake it). The loop here sleeps up to 30 s,
+        // so a lost wakeup is a stall of many seconds, which no scheduling
+        // delay on a busy machine explains; a thread stops at its first one.
+        let transport = try CurlTransport(maxSleepMs: 30_000)
         defer { transport.shutdown() }
         let server = self.server
         @Sendable func monotonicSeconds() -> Double {
@@ -139,23 +141,23 @@ struct TransportLifecycleTests {
             clock_gettime(CLOCK_MONOTONIC, &ts)
             return Double(ts.tv_sec) + Double(ts.tv_nsec) / 1e9
         }
-        // (thread, requests answered 200, slowest request in seconds)
-        let results = TestCollector<(Int, Int, Double)>()
+        // (thread, requests answered 200, requests that stalled)
+        let results = TestCollector<(Int, Int, Int)>()
         runThreads(3) { index in
             var ok = 0
-            var slowest = 0.0
+            var stalled = 0
             for i in 0..<150 {
                 let start = monotonicSeconds()
                 let status = try? transport.perform(HTTPRequest(url: server.url("/json?size=10&t=\(index)&i=\(i)")))
                     .get().status
                 if status == 200 { ok += 1 }
-                slowest = max(slowest, monotonicSeconds() - start)
+                if monotonicSeconds() - start >= 10 { stalled += 1; break }
             }
-            results.add((index, ok, slowest))
+            results.add((index, ok, stalled))
         }
-        for (index, ok, slowest) in results.all {
+        for (index, ok, stalled) in results.all {
+            #expect(stalled == 0, "thread \(index): a request waited for the poll's timeout")
             #expect(ok == 150, "thread \(index)")
-            #expect(slowest < 0.8, "thread \(index): slowest request took \(slowest) s")
         }
         #expect(results.count == 3)
     }

@@ -405,10 +405,8 @@ static void waits_return_after_the_callback(const char *config) {
     CHECK_EQ_INT(atomic_load(&wt.waited), WAIT_OPS);
     CHECK_EQ_INT(atomic_load(&wt.early), 0);
     CHECK_EQ_INT(atomic_load(&wt.state_rc), FQ_ERR_STATE);
-    /* Ended and delivered: at once. */
-    long long t0 = fqt_now_ms();
+    /* Ended and delivered: a wait that may not wait at all succeeds. */
     CHECK_OK(fq_wait(wt.engine, wt.ids[WAIT_OPS - 1], 0));
-    CHECK(fqt_now_ms() - t0 < 1000);
     fq_queue_free(q);
     fqt_engine_free(wt.engine);
 }
@@ -533,9 +531,9 @@ static void waits_for_forgotten_and_earlier(const char *config, bool poll) {
     pthread_t th;
     if (poll) REQUIRE(pthread_create(&th, NULL, dispatch_all, e) == 0);
     REQUIRE(WAIT_UNTIL(atomic_load(&wl.y_running), FQT_LONG_MS));
-    long long t0 = fqt_now_ms();
+    /* Y's callback does not return until release_y: a wait for X that
+     * waited for it too would time out. */
     CHECK_OK(fq_wait(e, idx, 1000));
-    CHECK(fqt_now_ms() - t0 < 500);
     CHECK_EQ_INT(atomic_load(&wl.release_y), 0); /* Y's callback still runs */
     atomic_store(&wl.release_y, 1);
     if (poll) pthread_join(th, NULL);

@@ -476,7 +476,9 @@ def run_examples(cli: str, server: str, commands: list) -> None:
         env = dict(os.environ, PATH=bindir + os.pathsep + os.environ.get("PATH", ""))
         for command, status in commands:
             command = command.replace(f"127.0.0.1:{DOC_PORT}", f"127.0.0.1:{port}")
-            r = subprocess.run(["bash", "-c", command], capture_output=True, env=env, timeout=60)
+            # pipefail: an example piped into another program (`| wc -l`)
+            # fails when fetchq does.
+            r = subprocess.run(["bash", "-o", "pipefail", "-c", command], capture_output=True, env=env, timeout=60)
             assert r.returncode == status, (command, r.returncode, r.stderr.decode())
             if status == 0:
                 assert r.stdout.strip(), command

@@ -33,15 +33,19 @@ package final class CurlTransport: HTTPTransport, @unchecked Sendable {
     ///   transfers beyond it wait inside curl for a free connection.
     /// - Parameter onLoopThread: runs first on the loop thread (the engine
     ///   records itself there, see fq_support.h).
+    /// - Parameter maxSleepMs: the longest the loop sleeps with nothing to do
+    ///   (tests make it long, so that a lost wakeup shows as a stall no
+    ///   scheduling delay explains).
     package init(maxTotalConnections: Int = 0, onLoopThread: (@Sendable () -> Void)? = nil,
-                 onTurn: (@Sendable (_ turn: LoopTurn) -> Void)? = nil) throws(TransportError) {
+                 onTurn: (@Sendable (_ turn: LoopTurn) -> Void)? = nil,
+                 maxSleepMs: Int32 = 1000) throws(TransportError) {
         let initCode = CurlGlobal.initResult
         guard initCode == CURLE_OK else {
             throw TransportError(
                 kind: .network, message: "curl_global_init failed: \(TransportError.curlText(initCode))",
                 curlCode: Int(initCode.rawValue))
         }
-        let core = try CurlLoop(maxTotalConnections: maxTotalConnections)
+        let core = try CurlLoop(maxTotalConnections: maxTotalConnections, maxSleepMs: maxSleepMs)
         core.onStart = onLoopThread
         core.onTurn = onTurn
         self.core = core
@@ -142,7 +146,7 @@ package enum LoopTurn: Sendable {
     /// It has just woken (or started a new turn without sleeping).
     case woke
     /// It is about to sleep in curl_multi_poll, for at most
-    /// `CurlLoop.maxSleepMs`.
+    /// `CurlLoop.maxSleepMs` (1 s unless a test chose another).
     case sleeping
     /// It is about to exit: nothing more runs on it.
     case exiting
@@ -191,7 +195,8 @@ final class CurlLoop: @unchecked Sendable {
     var onTurn: (@Sendable (_ turn: LoopTurn) -> Void)?
     /// The longest the loop sleeps in curl_multi_poll (ms): it wakes at least
     /// this often even with nothing to do.
-    static let maxSleepMs: Int32 = 1000
+    let maxSleepMs: Int32
+    static let defaultMaxSleepMs: Int32 = 1000  // (CurlTransport.init says it too)
     private var active: [TransferID: CurlTransfer] = [:]
     private var idleHandles: [UnsafeMutableRawPointer] = []
     /// Idle easy handles kept: as many as were ever in curl at once (at least
@@ -204,11 +209,12 @@ final class CurlLoop: @unchecked Sendable {
     /// The most transfers ever in curl at once; sizes the connection cache.
     private var peakActive = 0
 
-    init(maxTotalConnections: Int) throws(TransportError) {
+    init(maxTotalConnections: Int, maxSleepMs: Int32 = CurlLoop.defaultMaxSleepMs) throws(TransportError) {
         guard let multi = curl_multi_init() else {
             throw TransportError(kind: .network, message: "curl_multi_init failed")
         }
         self.multi = multi
+        self.maxSleepMs = max(1, maxSleepMs)
         _ = fqc_multi_setopt_long(multi, CURLMOPT_PIPELINING, CURLPIPE_MULTIPLEX)
         if maxTotalConnections > 0 {
             _ = fqc_multi_setopt_long(multi, CURLMOPT_MAX_TOTAL_CONNECTIONS, maxTotalConnections)
@@ -324,7 +330,7 @@ final class CurlLoop: @unchecked Sendable {
             // Sleeps until socket activity, curl's next timer, or curl_multi_wakeup.
             if idle {
                 onTurn?(.sleeping)
-                if curl_multi_poll(multi, nil, 0, Self.maxSleepMs, nil) != CURLM_OK { usleep(1000) }
+                if curl_multi_poll(multi, nil, 0, maxSleepMs, nil) != CURLM_OK { usleep(1000) }
             }
             onTurn?(.woke)
         }

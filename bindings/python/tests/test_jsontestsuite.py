@@ -11,7 +11,6 @@ i_  may go either way, but only those two ways.
 from __future__ import annotations
 
 import json
-import math
 import os
 from typing import Any, Dict, Iterator, List
 from urllib.parse import quote
@@ -20,7 +19,7 @@ import pytest
 
 import fetchq
 
-from conftest import SUITE, TIMEOUT, Server, has_function
+from conftest import SUITE, TIMEOUT, Server, identical
 
 FILES: List[str] = sorted(os.listdir(SUITE)) if SUITE.is_dir() else []
 JANSSON_CANNOT = {"y_object_escaped_null_in_key.json"}
@@ -47,18 +46,6 @@ def outcomes(server: Server) -> Iterator[Dict[str, Any]]:
         yield out
 
 
-def same(a: Any, b: Any) -> bool:
-    if isinstance(a, float) and isinstance(b, float):
-        return a == b or (math.isnan(a) and math.isnan(b))
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
-        return float(a) == float(b)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    return type(a) is type(b) and a == b
-
-
 @pytest.mark.parametrize("name", [n for n in FILES if n.startswith("y_")])
 def test_y(outcomes: Dict[str, Any], name: str) -> None:
     got = outcomes[name]
@@ -68,7 +55,8 @@ def test_y(outcomes: Dict[str, Any], name: str) -> None:
     assert isinstance(got, fetchq.Response), "%s: %r" % (name, got)
     assert got.status == 200 and got.parsed
     want = json.loads((SUITE / name).read_bytes())
-    assert same(got.json(), want), (got.json(), want)
+    # Same types too: 1 is not 1.0 nor True, -0.0 is not 0.0, keys in order.
+    assert identical(got.json(), want), (got.json(), want)
 
 
 @pytest.mark.parametrize("name", [n for n in FILES if n.startswith("n_")])
