@@ -941,7 +941,9 @@ int fq_cancel_all(fq_engine *engine);
  * those waiting there. */
 int fq_set_priority(fq_engine *engine, fq_op_id id, int priority);
 
-/* Makes `op` also wait for `dep` (like NSOperation's addDependency). `op`
+/* Makes `op` also wait for `dep` (like NSOperation's addDependency, except
+ * that a `dep` that fails or is cancelled cancels `op`, as in "depends_on";
+ * docs/c-api.md, "Coming from NSOperationQueue"). `op`
  * must not have started (FQ_ERR_STATE), nor share another operation's
  * transfer (a coalesced GET that is not the first caller: FQ_ERR_STATE, the
  * message says so); FQ_ERR_CYCLE if `dep` already waits,
