@@ -16,7 +16,7 @@ program's RUNPATH points at build/lib; LD_LIBRARY_PATH takes precedence),
 so DIR must hold a libfetchq.so.0; `--lib LABEL=DIR,{"delivery":"inline"}` also
 merges that JSON into fq_bench's engine config (FQ_BENCH_CONFIG), so one
 build can run as several sides. `--p7 TEMPLATE` runs `fq_bench p7`
-instead of p2 (the anchor then fetches TEMPLATE with {query} = q1 and
+instead of p2 (the anchor then fetches TEMPLATE with {query} = "q1 ü" and
 extracts "results", like bench/run.sh). Needs `perf` (linux-perf).
 """
 import argparse
@@ -64,7 +64,7 @@ def main():
     sides = []
     if not args.no_anchor:
         if args.p7:
-            cmd = [os.path.join(BENCH, "curl_jansson_client"), args.p7.replace("{query}", "q1"),
+            cmd = [os.path.join(BENCH, "curl_jansson_client"), args.p7.replace("{query}", "q1%20%C3%BC"),
                    str(args.n), str(args.c), "results"]
         else:
             cmd = [os.path.join(BENCH, "curl_jansson_client"), args.url, str(args.n), str(args.c)]

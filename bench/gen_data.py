@@ -3,7 +3,9 @@
 
   DIR/doc.json        the P2-P4 document: a JSON object of about 3 KB
                       ({"id", "kind", "items": [...], "next"})
-  DIR/s/qN.json       one search response per query q0 .. q{N-1} for P7:
+  DIR/s/qN ü.json     one search response per query "q0 ü" .. "q{N-1} ü" for P7
+                      (a space and a non-ASCII letter: every client must
+                      percent-encode the query into the URL's path):
                       {"query", "results": [10 items {id, title, score, date,
                       tags}]}, ids overlapping between queries
 
@@ -38,6 +40,11 @@ def search(rng: random.Random, q: str) -> dict:
     return {"query": q, "results": results}
 
 
+def query(k: int) -> str:
+    """P7's k-th query (bench/fq_bench.c and bench/anchors write the same)."""
+    return f"q{k} ü"
+
+
 def main() -> None:
     out, n = sys.argv[1], int(sys.argv[2])
     rng = random.Random(9)
@@ -46,8 +53,9 @@ def main() -> None:
     with open(os.path.join(out, "doc.json"), "w") as f:
         f.write(body)
     for k in range(n):
-        with open(os.path.join(out, "s", f"q{k}.json"), "w") as f:
-            json.dump(search(rng, f"q{k}"), f, separators=(",", ":"))
+        q = query(k)
+        with open(os.path.join(out, "s", q + ".json"), "w", encoding="utf-8") as f:
+            json.dump(search(rng, q), f, separators=(",", ":"))
     print(len(body))
 
 

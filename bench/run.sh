@@ -107,7 +107,7 @@ start_nginx() {
         curl -sf -o /dev/null "http://127.0.0.1:$PORT/doc.json" && break
         sleep 0.1
     done
-    curl -sf -o /dev/null "http://127.0.0.1:$PORT/s/q0.json?x=1" || { log "nginx did not start"; cat "$TMP/error.log" >&2; exit 1; }
+    curl -sf -o /dev/null "http://127.0.0.1:$PORT/s/q0%20%C3%BC.json?x=1" || { log "nginx did not start"; cat "$TMP/error.log" >&2; exit 1; }
     DOC_URL=http://127.0.0.1:$PORT/doc.json
     SEARCH_TEMPLATE="http://127.0.0.1:$PORT/s/{query}.json"
     log "nginx $NGINX_PID on 127.0.0.1:$PORT ($NGINX_WORKERS worker), document $DOC_BYTES bytes"
@@ -142,6 +142,22 @@ EOF
         log "  $id $side round $round: $(printf '%s' "$line" | cut -c1-160)"; fi
 }
 
+# Each round's runs are listed with `plan` (the arguments of `record`) and
+# run by `run_round ROUND`: in odd rounds in the order listed, in even rounds
+# in reverse, so that a drift of the machine within a round does not always
+# fall on the same side (the anchor used to run first in every round).
+PLANNED=()
+plan() { PLANNED+=("$(printf '%q ' "$@")"); }
+run_round() {
+    local i
+    if (( $1 % 2 == 1 )); then
+        for ((i = 0; i < ${#PLANNED[@]}; i++)); do eval "record ${PLANNED[i]}"; done
+    else
+        for ((i = ${#PLANNED[@]} - 1; i >= 0; i--)); do eval "record ${PLANNED[i]}"; done
+    fi
+    PLANNED=()
+}
+
 # Config "delivery": "inline" (callbacks on the worker that ended the
 # operation when nothing else is being delivered) for the second fetchq side
 # of P2 and P7.
@@ -155,45 +171,48 @@ run_all() {
         local n=$P1_N
         [ "$variant" = chain ] && n=$P1_CHAIN_N
         for r in $(seq "$PAIRS"); do
-            record "P1-$variant" anchor "$r" "$ANCHORS" p1 "$variant" "$n"
-            record "P1-$variant" fetchq "$r" "$FQ" p1 "$variant" "$n"
+            plan "P1-$variant" anchor "$r" "$ANCHORS" p1 "$variant" "$n"
+            plan "P1-$variant" fetchq "$r" "$FQ" p1 "$variant" "$n"
             # The ceiling: a bare mutex-and-FIFO queue in C, 2 threads.
-            if [ "$variant" = plain ]; then record "P1-$variant" bare "$r" "$OUT/bare_queue" "$n"; fi
+            if [ "$variant" = plain ]; then plan "P1-$variant" bare "$r" "$OUT/bare_queue" "$n"; fi
+            run_round "$r"
         done
     done
     record "P1-chain-1M" fetchq 1 "$FQ" p1 chain "$P1_N"
 
     # The floor under P2-P4: jansson's CPU time for one parse of the document.
     record parse info 1 "$OUT/jansson_parse" "$TMP/www/doc.json" 20000
-    record parse-search info 1 "$OUT/jansson_parse" "$TMP/www/s/q1.json" 20000
+    record parse-search info 1 "$OUT/jansson_parse" "$TMP/www/s/q1 ü.json" 20000
 
     log "P2/P3: GET + JSON parse from nginx (rounds of: curl+jansson, wrk, fetchq, fetchq inline, curl+jansson on 2 threads, curl on 2 threads without the parse; fetchq's latency: all at once, and at most 2C in the engine)"
     for c in 8 64; do
         for r in $(seq "$PAIRS"); do
-            record "P2-c$c" anchor "$r" "$CURLJ" "$DOC_URL" "$P2_N" "$c"
-            record "P3-c$c" anchor "$r" python3 -B "$ROOT/bench/wrk_json.py" "$DOC_URL" "$c" "$WRK_SECONDS"
-            record "P2-c$c" fetchq "$r" "$FQ" p2 "$DOC_URL" "$P2_N" "$c"
-            record "P2-c$c" fetchq-inline "$r" env "FQ_BENCH_CONFIG=$INLINE" "$FQ" p2 "$DOC_URL" "$P2_N" "$c"
+            plan "P2-c$c" anchor "$r" "$CURLJ" "$DOC_URL" "$P2_N" "$c"
+            plan "P3-c$c" anchor "$r" python3 -B "$ROOT/bench/wrk_json.py" "$DOC_URL" "$c" "$WRK_SECONDS"
+            plan "P2-c$c" fetchq "$r" "$FQ" p2 "$DOC_URL" "$P2_N" "$c"
+            plan "P2-c$c" fetchq-inline "$r" env "FQ_BENCH_CONFIG=$INLINE" "$FQ" p2 "$DOC_URL" "$P2_N" "$c"
             # The ceiling: the same C client on 2 threads (each a multi handle, C/2 connections).
-            record "P2-c$c" curlj2 "$r" "$CURLJ" "$DOC_URL" "$P2_N" "$c" items 2
+            plan "P2-c$c" curlj2 "$r" "$CURLJ" "$DOC_URL" "$P2_N" "$c" items 2
             # The ceiling of any libcurl client (P3): the same, without the parse.
-            record "P2-c$c" curlget2 "$r" "$CURLJ" "$DOC_URL" "$P2_N" "$c" - 2
+            plan "P2-c$c" curlget2 "$r" "$CURLJ" "$DOC_URL" "$P2_N" "$c" - 2
             # Latency, from runs of their own (FQ_BENCH_LATENCY=1: each callback
             # reads its result's metrics; the rate runs above read nothing, like
             # the anchors). All N submitted at once, so queue wait is the backlog:
-            record "P2l-c$c" fetchq "$r" env FQ_BENCH_LATENCY=1 "$FQ" p2 "$DOC_URL" "$P2_N" "$c"
+            plan "P2l-c$c" fetchq "$r" env FQ_BENCH_LATENCY=1 "$FQ" p2 "$DOC_URL" "$P2_N" "$c"
             # and steady state: at most 2C requests in the engine at a time.
             # In every round, like the rest: one run alone can land in a slow phase.
-            record "P2w-c$c" fetchq "$r" env FQ_BENCH_LATENCY=1 FQ_BENCH_WINDOW=$((2 * c)) "$FQ" p2 "$DOC_URL" "$P2_N" "$c"
+            plan "P2w-c$c" fetchq "$r" env FQ_BENCH_LATENCY=1 FQ_BENCH_WINDOW=$((2 * c)) "$FQ" p2 "$DOC_URL" "$P2_N" "$c"
+            run_round "$r"
         done
     done
 
     log "P4: from Python asyncio (rounds of: aiohttp, httpx, fetchq binding)"
     for c in 8 64; do
         for r in $(seq "$PAIRS"); do
-            record "P4-c$c" aiohttp "$r" python3 -B "$ROOT/bench/py_bench.py" aiohttp "$DOC_URL" "$P4_N" "$c"
-            record "P4-c$c" httpx "$r" python3 -B "$ROOT/bench/py_bench.py" httpx "$DOC_URL" "$P4_N" "$c"
-            record "P4-c$c" fetchq "$r" python3 -B "$ROOT/bench/py_bench.py" fetchq "$DOC_URL" "$P4_N" "$c"
+            plan "P4-c$c" aiohttp "$r" python3 -B "$ROOT/bench/py_bench.py" aiohttp "$DOC_URL" "$P4_N" "$c"
+            plan "P4-c$c" httpx "$r" python3 -B "$ROOT/bench/py_bench.py" httpx "$DOC_URL" "$P4_N" "$c"
+            plan "P4-c$c" fetchq "$r" python3 -B "$ROOT/bench/py_bench.py" fetchq "$DOC_URL" "$P4_N" "$c"
+            run_round "$r"
         done
     done
 
@@ -206,14 +225,15 @@ run_all() {
 
     log "P7: searches, max_concurrent 8 (rounds of: OperationQueue+URLSession+JSONSerialization, curl+jansson on 1 and 2 threads, fetchq, fetchq inline, fetchq's latency)"
     for r in $(seq "$PAIRS"); do
-        record P7 anchor "$r" "$ANCHORS" p7 "$SEARCH_TEMPLATE" "$P7_N" 8
+        plan P7 anchor "$r" "$ANCHORS" p7 "$SEARCH_TEMPLATE" "$P7_N" 8
         # The ceiling: the C client GETting and parsing one search document.
-        record P7 curlj "$r" "$CURLJ" "${SEARCH_TEMPLATE/\{query\}/q1}" "$P7_N" 8 results
-        record P7 curlj2 "$r" "$CURLJ" "${SEARCH_TEMPLATE/\{query\}/q1}" "$P7_N" 8 results 2
-        record P7 fetchq "$r" "$FQ" p7 "$SEARCH_TEMPLATE" "$P7_N" 8
-        record P7 fetchq-inline "$r" env "FQ_BENCH_CONFIG=$INLINE" "$FQ" p7 "$SEARCH_TEMPLATE" "$P7_N" 8
+        plan P7 curlj "$r" "$CURLJ" "${SEARCH_TEMPLATE/\{query\}/q1%20%C3%BC}" "$P7_N" 8 results
+        plan P7 curlj2 "$r" "$CURLJ" "${SEARCH_TEMPLATE/\{query\}/q1%20%C3%BC}" "$P7_N" 8 results 2
+        plan P7 fetchq "$r" "$FQ" p7 "$SEARCH_TEMPLATE" "$P7_N" 8
+        plan P7 fetchq-inline "$r" env "FQ_BENCH_CONFIG=$INLINE" "$FQ" p7 "$SEARCH_TEMPLATE" "$P7_N" 8
         # Latency, from a run of its own (the rate runs read no metrics).
-        record P7l fetchq "$r" env FQ_BENCH_LATENCY=1 "$FQ" p7 "$SEARCH_TEMPLATE" "$P7_N" 8
+        plan P7l fetchq "$r" env FQ_BENCH_LATENCY=1 "$FQ" p7 "$SEARCH_TEMPLATE" "$P7_N" 8
+        run_round "$r"
     done
 }
 
@@ -243,4 +263,11 @@ run_all
 meta
 python3 "$ROOT/bench/report.py" --results "$RESULTS" --meta "$META" --root "$ROOT" \
     --out "${BENCH_OUT:-$ROOT/BENCHMARKS.md}"
+# The raw records stay with the report they made (committed with it), so
+# that every figure in BENCHMARKS.md can be recomputed later.
+if [ -z "${BENCH_OUT:-}" ]; then
+    mkdir -p "$ROOT/bench/results"
+    cp "$RESULTS" "$ROOT/bench/results/results.jsonl"
+    cp "$META" "$ROOT/bench/results/meta.json"
+fi
 log "done in $(( $(date +%s) - started )) s: ${BENCH_OUT:-$ROOT/BENCHMARKS.md}"

@@ -49,7 +49,8 @@ def test_a_ceiling_that_skips_the_parse_gives_no_verdict_on_the_goal():
     rows = [line for line in report.ceilings(recs) if line.startswith("| P3 ")]
     assert len(rows) == 2
     parse, get_only = rows
-    assert "0.25× wrk" in parse and "| **no** |" in parse and parse.endswith("| 1.08× |")
+    assert "0.25× wrk" in parse and "| not with this program; fetchq is faster than it" in parse
+    assert parse.endswith("| 1.08× |")
     assert "0.60× wrk" in get_only and "| yes, without the parse, which P3 includes |" in get_only
     assert get_only.endswith("| — |")
 
@@ -104,3 +105,28 @@ def test_the_per_round_column_pairs_each_round_with_its_own_anchor_run():
     # A row without an anchor run in any round: no per-round figure.
     p1 = next(line for line in rows if "no-op ops, queue max 2" in line)
     assert p1.endswith("| — |")
+
+
+def test_a_ceiling_that_fetchq_does_not_reach_keeps_its_verdict():
+    recs = [_rec("P3-c8", "anchor", 100_000), _rec("P2-c8", "curlj2", 25_000), _rec("P2-c8", "fetchq", 20_000)]
+    rows = [line for line in report.ceilings(recs) if line.startswith("| P3 ")]
+    assert len(rows) == 1 and "| **no** |" in rows[0] and rows[0].endswith("| 0.80× |")
+
+
+def test_an_anchor_with_two_modes_is_also_compared_with_its_fastest_round():
+    # P1's chain: the anchor at 5 k, 6 k and 150 k (30x apart), fetchq at
+    # 1 M: 166x its median, 6.67x its fastest round (goal 10x: not met).
+    # P7's anchor stays within 3x: no line for it.
+    recs = [_round("P1-chain", "anchor", 1, {"rate": 5000.0}), _round("P1-chain", "anchor", 2, {"rate": 6000.0}),
+            _round("P1-chain", "anchor", 3, {"rate": 150000.0}),
+            _round("P1-chain", "fetchq", 1, {"rate": 1e6}), _round("P1-chain", "fetchq", 2, {"rate": 1e6}),
+            _round("P1-chain", "fetchq", 3, {"rate": 1e6}),
+            _round("P7", "anchor", 1, {"rate": 2500.0}), _round("P7", "anchor", 2, {"rate": 3000.0}),
+            _round("P7", "fetchq", 1, {"rate": 30000.0}), _round("P7", "fetchq", 2, {"rate": 28000.0})]
+    meta = {"p1_n": 1000000, "p1_chain_n": 20000, "p2_n": 50000, "p4_n": 10000, "p5_n": 100000,
+            "p6_n": 100000, "p7_n": 5000}
+    lines = report.swings(recs, meta)
+    assert len(lines) == 1
+    assert lines[0].startswith("- **P1, 20 000 no-op ops, max 2, a chain of dependencies**: "
+                               "the anchor's rounds ran at 5,000–150,000 ops/s (30× apart).")
+    assert "fetchq's median is 6.67×, which does not meet the goal (≥ 10×)" in lines[0]
