@@ -5,7 +5,8 @@
 # writes BENCHMARKS.md with bench/report.py.
 #
 # Knobs (environment): PAIRS (rounds per benchmark, default 3), P1_N
-# (1000000), P1_CHAIN_N (20000), P2_N (50000), P4_N (10000), P5_N and P6_N
+# (1000000), P1_CHAIN_N (20000), P2_N (50000), P4_N (50000: fetchq and
+# aiohttp), P4_HTTPX_N (10000: httpx, at 0.5-2 k req/s here), P5_N and P6_N
 # (100000), P7_N (5000), WRK_SECONDS (5), BENCH_OUT (BENCHMARKS.md).
 set -euo pipefail
 
@@ -16,7 +17,8 @@ PAIRS=${PAIRS:-3}
 P1_N=${P1_N:-1000000}
 P1_CHAIN_N=${P1_CHAIN_N:-20000}
 P2_N=${P2_N:-50000}
-P4_N=${P4_N:-10000}
+P4_N=${P4_N:-50000}
+P4_HTTPX_N=${P4_HTTPX_N:-10000}
 P5_N=${P5_N:-100000}
 P6_N=${P6_N:-100000}
 P7_N=${P7_N:-5000}
@@ -210,7 +212,7 @@ run_all() {
     for c in 8 64; do
         for r in $(seq "$PAIRS"); do
             plan "P4-c$c" aiohttp "$r" python3 -B "$ROOT/bench/py_bench.py" aiohttp "$DOC_URL" "$P4_N" "$c"
-            plan "P4-c$c" httpx "$r" python3 -B "$ROOT/bench/py_bench.py" httpx "$DOC_URL" "$P4_N" "$c"
+            plan "P4-c$c" httpx "$r" python3 -B "$ROOT/bench/py_bench.py" httpx "$DOC_URL" "$P4_HTTPX_N" "$c"
             plan "P4-c$c" fetchq "$r" python3 -B "$ROOT/bench/py_bench.py" fetchq "$DOC_URL" "$P4_N" "$c"
             run_round "$r"
         done
@@ -240,7 +242,7 @@ run_all() {
 meta() {
     python3 - "$META" <<EOF
 import json, sys
-json.dump({"pairs": $PAIRS, "p1_n": $P1_N, "p1_chain_n": $P1_CHAIN_N, "p2_n": $P2_N, "p4_n": $P4_N,
+json.dump({"pairs": $PAIRS, "p1_n": $P1_N, "p1_chain_n": $P1_CHAIN_N, "p2_n": $P2_N, "p4_n": $P4_N, "p4_httpx_n": $P4_HTTPX_N,
            "p5_n": $P5_N, "p6_n": $P6_N, "p7_n": $P7_N, "wrk_seconds": $WRK_SECONDS,
            "doc_bytes": $DOC_BYTES, "nginx_workers": $NGINX_WORKERS,
            "load_start": "$LOAD_START", "load_end": "$(cut -d' ' -f1-3 /proc/loadavg)",

@@ -94,7 +94,7 @@ def test_the_per_round_column_pairs_each_round_with_its_own_anchor_run():
             _round("P7", "fetchq", 4, {"rate": 25000.0}),
             _round("P6", "fetchq", 1, {"ms": 40.0}), _round("P6", "fetchq", 2, {"ms": 120.0}),
             _round("P6", "fetchq", 3, {"ms": 60.0})]
-    meta = {"p1_n": 1000000, "p1_chain_n": 20000, "p2_n": 50000, "p4_n": 10000, "p5_n": 100000,
+    meta = {"p1_n": 1000000, "p1_chain_n": 20000, "p2_n": 50000, "p4_n": 50000, "p4_httpx_n": 10000, "p5_n": 100000,
             "p6_n": 100000, "p7_n": 5000}
     rows, _ = report.table(recs, meta)
     p7 = next(line for line in rows if line.startswith("| P7 | 5 000 searches"))
@@ -123,7 +123,7 @@ def test_an_anchor_with_two_modes_is_also_compared_with_its_fastest_round():
             _round("P1-chain", "fetchq", 3, {"rate": 1e6}),
             _round("P7", "anchor", 1, {"rate": 2500.0}), _round("P7", "anchor", 2, {"rate": 3000.0}),
             _round("P7", "fetchq", 1, {"rate": 30000.0}), _round("P7", "fetchq", 2, {"rate": 28000.0})]
-    meta = {"p1_n": 1000000, "p1_chain_n": 20000, "p2_n": 50000, "p4_n": 10000, "p5_n": 100000,
+    meta = {"p1_n": 1000000, "p1_chain_n": 20000, "p2_n": 50000, "p4_n": 50000, "p4_httpx_n": 10000, "p5_n": 100000,
             "p6_n": 100000, "p7_n": 5000}
     lines = report.swings(recs, meta)
     assert len(lines) == 1
