@@ -660,4 +660,44 @@ import Testing
         let loud = json(#"{"log": "loud"}"#)
         #expect(throws: FetchQError.self) { _ = try withExtendedLifetime(loud) { try Engine(json: loud.pointer) } }
     }
+
+    /// An entry whose body is exactly `max_response_bytes` long answers a
+    /// request with that cap: only a larger body is kept from it.
+    @Test func anEntryOfExactlyTheCapAnswersFromTheCache() throws {
+        _ = try server.get("/stats/reset")
+        let path = "/cache?max_age=60&key=exact"
+        let size = try server.get(path).1.count  // the same length with count 2
+        try withEngine { engine, queue, c in
+            let url = server.url(path)
+            let stored = try #require(c.wait(try engine.request(#"{"url": "\#(url)"}"#, on: queue, c)))
+            #expect(stored.outcome == .succeeded)
+            #expect(stored.fromCache == false)
+            let capped = try #require(c.wait(try engine.request(#"{"url": "\#(url)"}"#,
+                                                                 options: #"{"max_response_bytes": \#(size)}"#, on: queue, c)))
+            #expect(capped.outcome == .succeeded)
+            #expect(capped.fromCache == true)
+            #expect(capped.value?.at("/count")?.integerValue == 2)
+        }
+        #expect(try serverCount("/cache") == 2)
+    }
+
+    /// A redirect (not followed) answering an unsafe request is a non-error
+    /// status too (RFC 9111 §4.4: 2xx and 3xx): the URL's entries go.
+    @Test func anUnsafeRequestAnsweredWithA3xxInvalidatesItsURL() throws {
+        _ = try server.get("/stats/reset")
+        try withEngine { engine, queue, c in
+            // 1st request: 200, cacheable; the next ones: 303 to /json.
+            let spec = URLUtilities.percentEncode("200;Cache-Control=max-age=60;body={}|303;Location=/json;body={}")
+            let url = server.url("/steps?key=inv3xx&s=\(spec)")
+            let first = try #require(c.wait(try engine.request(#"{"url": "\#(url)"}"#, on: queue, c)))
+            #expect(first.outcome == .succeeded)
+            #expect(first.fromCache == false)
+            let post = try #require(c.wait(try engine.request(#"{"url": "\#(url)", "method": "POST", "body": "x"}"#,
+                                                              options: #"{"max_redirects": 0}"#, on: queue, c)))
+            #expect(post.http?.status == 303)
+            let again = try #require(c.wait(try engine.request(#"{"url": "\#(url)"}"#, on: queue, c)))
+            #expect(again.fromCache == false)
+        }
+        #expect(try serverCount("/steps") == 3)
+    }
 }

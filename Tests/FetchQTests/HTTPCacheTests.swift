@@ -396,4 +396,22 @@ import Testing
         let error = #expect(throws: FetchQError.self) { try HTTPCache(maxBytes: -1) }
         #expect(error?.status == .invalid)
     }
+
+    /// `invalidate(url:)` removes the entries of that URL (whatever their
+    /// request headers) and only those: not the entries of a longer URL it is
+    /// a prefix of ("/item" is not "/items" nor "/item?page=2").
+    @Test func invalidateRemovesOnlyTheEntriesOfItsURL() {
+        let cache = Self.cache()
+        let fresh: Headers = [("Cache-Control", "max-age=60")]
+        let plain = HTTPCache.key(method: "GET", url: "http://h/item", headers: [])
+        let withHeader = HTTPCache.key(method: "GET", url: "http://h/item", headers: [("Accept", "text/x")])
+        let longer = HTTPCache.key(method: "GET", url: "http://h/items", headers: [])
+        let query = HTTPCache.key(method: "GET", url: "http://h/item?page=2", headers: [])
+        for key in [plain, withHeader, longer, query] { #expect(Self.put(cache, key, fresh)) }
+        #expect(cache.invalidate(url: "http://h/item") == 2)
+        #expect(Self.state(cache, plain, at: Self.t0) == "miss")
+        #expect(Self.state(cache, withHeader, at: Self.t0) == "miss")
+        #expect(Self.state(cache, longer, at: Self.t0) == "fresh")
+        #expect(Self.state(cache, query, at: Self.t0) == "fresh")
+    }
 }

@@ -110,4 +110,107 @@ struct TransportFailureTests {
         #expect(TransportError.refinedKind(.network, code: CURLE_RECV_ERROR, text: "Recv failure: Connection reset by peer")
                 == .network)
     }
+
+    /// Two Content-Lengths that differ (the route's own, and a "2" before
+    /// it) are an unrecoverable framing error (RFC 9112 §6.3): the response
+    /// is not used, whichever value libcurl would frame the body by.
+    @Test("two different Content-Lengths: .network, the response is not used")
+    func conflictingContentLengths() throws {
+        let server = try TestServer()
+        let spec = URLUtilities.percentEncode(#"200;Content-Length=2;body={"a":1}"#)
+        let result = try transport.perform(HTTPRequest(url: server.url("/steps?key=cl&s=\(spec)")))
+        let error = try #require(result.error, "\(String(describing: result.response?.body))")
+        #expect(error.kind == .network, "\(error)")
+        #expect(error.message.contains("two Content-Lengths"), "\(error.message)")
+    }
+
+    /// Trailer fields after a chunked body are not header fields (RFC 9110
+    /// §6.5.1): a trailer cannot add a field, such as Cache-Control, to the
+    /// response. (A canned response from a one-shot listener.)
+    @Test("trailer fields are not merged into the headers")
+    func trailerFieldsAreDropped() throws {
+        let body = #"{"a":1}"#
+        let canned = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
+            + "Connection: close\r\n\r\n" + String(body.utf8.count, radix: 16) + "\r\n" + body + "\r\n0\r\n"
+            + "Cache-Control: max-age=3600\r\nX-Trailer: t\r\n\r\n"
+        let server = try OneShotServer(canned)
+        let response = try #require(transport.perform(HTTPRequest(url: "http://127.0.0.1:\(server.port)/t")).response)
+        server.join()
+        #expect(response.status == 200)
+        #expect(String(decoding: response.body, as: UTF8.self) == body)
+        #expect(response.header("cache-control") == nil)
+        #expect(response.header("x-trailer") == nil)
+        #expect(response.header("content-type") == "application/json")
+    }
+
+    /// A 304 is not a redirect, also with a Location: a POST (whose
+    /// redirects fetchq follows itself) answered 304 gets that 304.
+    @Test("a 304 with a Location is not followed")
+    func a304WithALocationIsNotFollowed() throws {
+        let server = try TestServer()
+        let spec = URLUtilities.percentEncode("304;Location=/json")
+        let response = try #require(transport.perform(HTTPRequest(
+            method: "POST", url: server.url("/steps?key=nm&s=\(spec)"), body: Array("x".utf8))).response)
+        #expect(response.status == 304)
+        #expect(response.metrics.redirects == 0)
+    }
+}
+
+/// A listener on 127.0.0.1 that answers one connection with canned bytes
+/// (after reading the request head, at most 64 KiB), then closes it. Bounded:
+/// the accept waits at most 10 s, each read 10 s.
+final class OneShotServer: @unchecked Sendable {
+    let port: Int
+    private let listener: Int32
+    private var thread: pthread_t?
+
+    init(_ response: String) throws {
+        listener = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard listener >= 0 else { throw TestServer.Failure(description: "socket: errno \(errno)") }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let fd = listener
+        let bound = withUnsafeMutablePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { p -> Int32 in
+                guard bind(fd, p, length) == 0, listen(fd, 1) == 0 else { return -1 }
+                return getsockname(fd, p, &length)
+            }
+        }
+        guard bound == 0 else {
+            close(fd)
+            throw TestServer.Failure(description: "bind/listen: errno \(errno)")
+        }
+        port = Int(UInt16(bigEndian: address.sin_port))
+        let bytes = Array(response.utf8)
+        thread = try startThread(name: "one-shot") {
+            var poller = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+            guard poll(&poller, 1, 10_000) == 1 else { return }
+            let conn = accept(fd, nil, nil)
+            guard conn >= 0 else { return }
+            defer { close(conn) }
+            var timeout = timeval(tv_sec: 10, tv_usec: 0)
+            setsockopt(conn, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+            var head: [UInt8] = []
+            var buffer = [UInt8](repeating: 0, count: 4096)
+            while head.count < 65_536, !head.suffix(4).elementsEqual([13, 10, 13, 10]) {
+                let n = recv(conn, &buffer, buffer.count, 0)
+                guard n > 0 else { return }
+                head += buffer[0..<n]
+            }
+            _ = bytes.withUnsafeBytes { send(conn, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+        }
+    }
+
+    /// Waits for the answer to be sent (or the wait to give up).
+    func join() {
+        if let thread { joinThread(thread) }
+        thread = nil
+    }
+
+    deinit {
+        join()
+        close(listener)
+    }
 }
