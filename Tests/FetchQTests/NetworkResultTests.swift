@@ -246,6 +246,32 @@ import Testing
         #expect(policy.delay(after: .success(busy), attempt: 1, method: "GET", now: 0) == 3)
     }
 
+    /// Option "retry" "on" lists what is retried: what it leaves out is not,
+    /// timeouts and network errors included (they are retried by default).
+    @Test func retryOnListsExactlyWhatIsRetried() throws {
+        func policy(_ text: String) throws -> RetryPolicy {
+            let json = try JSONParser.parse(text, maxDepth: 8)
+            var r = try OptionReader(json.pointer, context: "options.retry")
+            return try RetryPolicy(reading: &r)
+        }
+        let timeout = Result<HTTPResponse, TransportError>.failure(TransportError(kind: .timeout, message: "timed out"))
+        let reset = Result<HTTPResponse, TransportError>.failure(TransportError(kind: .network, message: "reset"))
+        let unavailable = Result<HTTPResponse, TransportError>.success(
+            HTTPResponse(status: 503, headers: [], body: [], effectiveURL: "http://example.test/", metrics: TransferMetrics()))
+        func retried(_ p: RetryPolicy, _ outcome: Result<HTTPResponse, TransportError>) -> Bool {
+            p.delay(after: outcome, attempt: 1, method: "GET", now: 0) != nil
+        }
+        let defaults = try policy(#"{"max": 1}"#)
+        #expect(retried(defaults, timeout) && retried(defaults, reset) && retried(defaults, unavailable))
+        let statusOnly = try policy(#"{"max": 1, "on": [503]}"#)
+        #expect(retried(statusOnly, unavailable))
+        #expect(!retried(statusOnly, timeout))
+        #expect(!retried(statusOnly, reset))
+        let timeoutOnly = try policy(#"{"max": 1, "on": ["timeout"]}"#)
+        #expect(retried(timeoutOnly, timeout))
+        #expect(!retried(timeoutOnly, reset) && !retried(timeoutOnly, unavailable))
+    }
+
     /// Exponential backoff: retry n waits base * 2^(n-1), capped at
     /// max_delay, times a factor in [0.5, 1] (fetchq.h, option "retry").
     /// Checked on the policy itself, with no clock: the engine test of the

@@ -505,6 +505,50 @@ TEST(misuse_null_store_arguments) {
     CHECK(system(cmd) == 0);
 }
 
+/* fq_store_get_json: `id` is BORROWED (the caller's reference is left as it
+ * was, also when nothing is found or the call fails), *item a NEW reference;
+ * ids of other types than strings are found by their JSON value ("1" and 1
+ * are two ids). No other test called it. */
+TEST(misuse_store_get_json_borrows_the_id) {
+    char dir[] = "/tmp/fq-misuse-getjson-XXXXXX";
+    REQUIRE(mkdtemp(dir) != NULL);
+    char path[128], errbuf[256] = "";
+    snprintf(path, sizeof path, "%s/store.db", dir);
+    fq_store *s = fq_store_open(path, errbuf, sizeof errbuf);
+    if (!s) FAILF("fq_store_open(%s): %s", path, errbuf);
+    REQUIRE(s != NULL);
+    json_t *items = fqt_json("[{\"id\": 1, \"v\": \"number\"}, {\"id\": \"1\", \"v\": \"string\"}]");
+    CHECK_OK(fq_store_upsert(s, "c", items, "/id", NULL, NULL));
+    /* a second reference of our own, so that a wrongly stolen one shows as
+     * a count of 1 instead of freeing the value */
+    json_t *id = json_incref(json_integer(1)), *missing = json_incref(json_integer(2));
+    json_t *item = NULL;
+    CHECK_OK(fq_store_get_json(s, "c", id, &item));
+    CHECK_EQ_INT(id->refcount, 2); /* BORROWED: not stolen */
+    REQUIRE(json_is_object(item));
+    CHECK_STR(json_string_value(json_object_get(item, "v")), "number");
+    CHECK_EQ_INT(item->refcount, 1); /* NEW: ours alone */
+    json_decref(item);
+    item = (json_t *)&item; /* a sentinel */
+    CHECK_OK(fq_store_get_json(s, "c", missing, &item));
+    CHECK(item == NULL);
+    CHECK_EQ_INT(missing->refcount, 2);
+    item = (json_t *)&item;
+    EXPECT_ST(fq_store_get_json(s, NULL, id, &item), FQ_ERR_INVALID);
+    CHECK(item == NULL);
+    EXPECT_ST(fq_store_get_json(s, "c\xfe", id, &item), FQ_ERR_INVALID);
+    CHECK_EQ_INT(id->refcount, 2);
+    if (id->refcount == 2) json_decref(id);
+    if (missing->refcount == 2) json_decref(missing);
+    json_decref(id);
+    json_decref(missing);
+    json_decref(items);
+    fq_store_free(s);
+    char cmd[200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    CHECK_EQ_INT(system(cmd), 0);
+}
+
 /* Strings that are not UTF-8 are refused, not repaired into U+FFFD (which
  * would make "\xff" and "\xfe" the same query, collection or id). */
 TEST(misuse_strings_that_are_not_utf8) {
@@ -1686,8 +1730,11 @@ TEST(misuse_wait_with_timeout_zero) {
     REQUIRE(fqt_block(q, body_tag, NULL, rec_done, &r) > 0);
     long long t0 = fqt_now_ms();
     EXPECT_ST(fq_engine_wait_idle(e, 0), FQ_ERR_TIMEOUT);
+    EXPECT_MSG("timed out waiting for the engine to become idle"); /* not the from-a-callback message */
     EXPECT_ST(fq_queue_wait(q, 0), FQ_ERR_TIMEOUT);
+    EXPECT_MSG("timed out waiting for queue \"q\"");
     EXPECT_ST(fq_engine_wait_idle(e, 1), FQ_ERR_TIMEOUT);
+    EXPECT_MSG("timed out waiting for the engine to become idle");
     CHECK_OK(fq_queue_wait(idle, 0));
     long long took = fqt_now_ms() - t0;
     if (took > h_scaled_ms(1000)) FAILF("three waits with timeout 0/0/1 ms took %lld ms", took);

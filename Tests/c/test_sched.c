@@ -589,3 +589,35 @@ TEST(many_queues_idle_suspended_freed_and_named_again) {
     for (int i = 0; i < NQ / 2; i++) rec_clear(&r2[i]);
     fqt_engine_free(e);
 }
+
+/* fq_engine_stats keys "queues" by the names of LIVE queues: a freed queue
+ * whose operation still runs is no longer listed, and a new queue given its
+ * name is listed with its own counters (the freed one's were shown under the
+ * name, or written over it, when closed queues were not left out). */
+TEST(stats_leave_out_a_freed_queue_whose_operation_still_runs) {
+    fq_engine *e = fqt_engine(NULL);
+    fq_queue *q = fqt_queue(e, "q", 1);
+    rec held = {0};
+    REQUIRE(fqt_async(q, body_async_capture, NULL, rec_done, &held) > 0);
+    REQUIRE(WAIT_UNTIL(atomic_load(&held.op) != NULL, FQT_LONG_MS));
+    fq_queue_free(q); /* the running async op goes on */
+    json_t *s = fq_engine_stats(e);
+    REQUIRE(s != NULL);
+    CHECK_EQ_INT(fqt_int(s, "running", -1), 1);
+    CHECK(json_object_get(json_object_get(s, "queues"), "q") == NULL);
+    json_decref(s);
+    fq_queue *again = fqt_queue(e, "q", 3);
+    s = fq_engine_stats(e);
+    json_t *qs = json_object_get(json_object_get(s, "queues"), "q");
+    CHECK_EQ_INT(fqt_int(qs, "max_concurrent", -1), 3);
+    CHECK_EQ_INT(fqt_int(qs, "running", -1), 0);
+    CHECK_EQ_INT(fqt_int(qs, "submitted", -1), 0);
+    json_decref(s);
+    CHECK_OK(fqt_finish_in_thread(atomic_load(&held.op), NULL, NULL));
+    CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));
+    CHECK_EQ_INT(atomic_load(&held.calls), 1);
+    CHECK_EQ_INT(held.outcome, FQ_SUCCEEDED);
+    rec_clear(&held);
+    fq_queue_free(again);
+    fqt_engine_free(e);
+}

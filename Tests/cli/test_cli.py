@@ -155,6 +155,24 @@ def test_search_merged_matches_corpus_and_per_query(cli, server):
     assert merge([by_query[q] for q in queries]) == items
 
 
+def test_search_merged_deduplicates_by_the_id_pointer(cli, server):
+    # --id chooses what counts as the same item: by author, the first item
+    # of each author is kept (queries in order, each query's items sorted by
+    # --sort), and fewer than by /id.
+    queries = ["swift", "c", "go"]
+    r = run(cli, "search", "--url", search_url(server), "--results", "/results",
+            "--sort", "/created_at", "--id", "/author", "--merged", *queries)
+    assert r.returncode == 0, r.stderr
+    seen, expected = set(), []
+    for q in queries:
+        for item in newest_first(corpus(server, q)):
+            if item["author"] not in seen:
+                seen.add(item["author"])
+                expected.append(item)
+    assert lines(r.stdout) == newest_first(expected)
+    assert len(expected) < len(merge([corpus(server, q) for q in queries]))
+
+
 def test_search_failure_per_query_and_merged(cli, server):
     r = run(cli, "search", "--url", search_url(server), "--results", "/results",
             "--sort", "/created_at", "swift", "__fail")
@@ -805,6 +823,8 @@ def test_input_reads_urls_and_queries_from_a_file_or_stdin(cli, server, tmp_path
 
     r = run(cli, "request", "--input", "-", "--data", "@-", "http://x/")
     assert r.returncode == 2 and b"both read standard input" in r.stderr
+    r = run(cli, "request", "--input", "-", "--json", "@-", server + "/echo", input=b"[1]\n")
+    assert r.returncode == 2 and b"both read standard input" in r.stderr and r.stdout == b""
     empty = tmp_path / "empty.txt"
     empty.write_bytes(b"\n\r\n")
     r = run(cli, "get", "--input", str(empty))
