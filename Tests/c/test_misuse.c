@@ -388,14 +388,27 @@ TEST(misuse_a_path_longer_than_sqlite_takes_says_so) {
     CHECK_EQ_INT(system(cmd), 0);
 }
 
-TEST(misuse_store_upsert_refuses_items_that_would_not_read_back) {
-    char dir[] = "/tmp/fq-misuse-readback-XXXXXX";
+/* A store at DIR/store.db in a new directory made from `dir` (a mkdtemp
+ * template, at most 63 bytes); remove_dir() removes the directory after. */
+static fq_store *temp_store(char *dir) {
     REQUIRE(mkdtemp(dir) != NULL);
     char path[128], errbuf[256] = "";
     snprintf(path, sizeof path, "%s/store.db", dir);
     fq_store *s = fq_store_open(path, errbuf, sizeof errbuf);
     if (!s) FAILF("fq_store_open(%s): %s", path, errbuf);
     REQUIRE(s != NULL);
+    return s;
+}
+
+static void remove_dir(const char *dir) {
+    char cmd[200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    CHECK_EQ_INT(system(cmd), 0);
+}
+
+TEST(misuse_store_upsert_refuses_items_that_would_not_read_back) {
+    char dir[] = "/tmp/fq-misuse-readback-XXXXXX";
+    fq_store *s = temp_store(dir);
     json_t *nul_key = json_pack("{s:s}", "id", "nul");
     json_object_setn_new(nul_key, "a\0b", 3, json_integer(1));
     json_t *deep = json_array(), *inner = deep;
@@ -437,9 +450,7 @@ TEST(misuse_store_upsert_refuses_items_that_would_not_read_back) {
     json_decref(nul_key);
     json_decref(deep_item);
     fq_store_free(s);
-    char cmd[200];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    CHECK_EQ_INT(system(cmd), 0);
+    remove_dir(dir);
 }
 
 TEST(misuse_null_store_arguments) {
@@ -511,12 +522,7 @@ TEST(misuse_null_store_arguments) {
  * are two ids). No other test called it. */
 TEST(misuse_store_get_json_borrows_the_id) {
     char dir[] = "/tmp/fq-misuse-getjson-XXXXXX";
-    REQUIRE(mkdtemp(dir) != NULL);
-    char path[128], errbuf[256] = "";
-    snprintf(path, sizeof path, "%s/store.db", dir);
-    fq_store *s = fq_store_open(path, errbuf, sizeof errbuf);
-    if (!s) FAILF("fq_store_open(%s): %s", path, errbuf);
-    REQUIRE(s != NULL);
+    fq_store *s = temp_store(dir);
     json_t *items = fqt_json("[{\"id\": 1, \"v\": \"number\"}, {\"id\": \"1\", \"v\": \"string\"}]");
     CHECK_OK(fq_store_upsert(s, "c", items, "/id", NULL, NULL));
     /* a second reference of our own, so that a wrongly stolen one shows as
@@ -544,9 +550,7 @@ TEST(misuse_store_get_json_borrows_the_id) {
     json_decref(missing);
     json_decref(items);
     fq_store_free(s);
-    char cmd[200];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    CHECK_EQ_INT(system(cmd), 0);
+    remove_dir(dir);
 }
 
 /* Strings that are not UTF-8 are refused, not repaired into U+FFFD (which
