@@ -4,6 +4,7 @@ and child events on the loop's thread; task cancellation cancels operations."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import random
 import threading
@@ -456,3 +457,56 @@ def test_a_used_up_dependency_id_raises_not_found_on_the_loop() -> None:
                 await child
             assert not child.cancelled()
     run(main)
+
+
+# -- found by mutation testing (review 34) -------------------------------------
+
+def test_cancel_message_reaches_the_cancelled_error() -> None:
+    """AsyncFuture.cancel(msg), as asyncio.Future.cancel(msg): the
+    CancelledError raised once the engine confirmed carries ``msg``."""
+    async def main() -> None:
+        async with fetchq.AsyncEngine(workers=1) as engine:
+            q = engine.queue("msg")
+            q.suspend()
+            fut = q.submit(lambda: 1)
+            assert fut.cancel("stop now")
+            with pytest.raises(asyncio.CancelledError) as caught:
+                await fut
+            assert caught.value.args == ("stop now",)
+            assert fut.cancelled()
+    run(main)
+
+
+def test_close_before_the_loop_runs_resolves_the_futures_at_once() -> None:
+    """AsyncEngine(loop=L) with L not running (yet): close() resolves the
+    pending futures before it returns (nothing would run a callback handed
+    to L)."""
+    loop = asyncio.new_event_loop()
+    try:
+        engine = fetchq.AsyncEngine(loop=loop, workers=1)
+        q = engine.queue("q")
+        q.suspend()
+        futs = [q.submit(lambda: 1) for _ in range(3)]
+        engine.close()
+        assert all(f.done() and f.cancelled() for f in futs)
+    finally:
+        loop.close()
+
+
+
+def test_closing_an_engine_whose_loop_closed_logs_no_error(caplog: pytest.LogCaptureFixture) -> None:
+    """An AsyncEngine freed after its loop closed (as its finalizer does at
+    exit): the completions that close() delivers cannot be handed to that
+    loop; nothing tries (a future with a done-callback made the closed loop
+    raise in the completion callback, logged as an error)."""
+    loop = asyncio.new_event_loop()
+    engine = fetchq.AsyncEngine(loop=loop, workers=1)
+    q = engine.queue("q")
+    q.suspend()
+    fut = q.submit(lambda: 1)
+    fut.add_done_callback(lambda f: None)
+    loop.close()
+    with caplog.at_level(logging.ERROR, logger="fetchq"):
+        engine.close()
+    assert engine.closed
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []

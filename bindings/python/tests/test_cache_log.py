@@ -3,7 +3,9 @@ to Python logging (fq_engine_set_log_fn)."""
 
 from __future__ import annotations
 
+import copy
 import logging
+import pickle
 import threading
 from typing import Any, List
 
@@ -87,3 +89,18 @@ def test_log_can_stay_on_stderr(server: Server, caplog: Any) -> None:
     with fetchq.Engine(workers=1, log="off", use_logging=False) as e:
         e.queue("l").get(server.url("/json?size=10")).result(timeout=TIMEOUT)
     assert not [r for r in caplog.records if r.name == "fetchq.engine"]
+
+
+
+@needs_cache
+def test_a_copy_of_a_cached_response_is_still_from_cache(cache_engine: fetchq.Engine, server: Server) -> None:
+    """copy, deepcopy and pickle give a plain Response with every field,
+    from_cache too (found by mutation testing, review 34)."""
+    q = cache_engine.queue("c")
+    url = server.url("/cache?max_age=60&key=py-copy")
+    assert not q.get(url).result(timeout=TIMEOUT).from_cache
+    cached = q.get(url).result(timeout=TIMEOUT)
+    assert cached.from_cache
+    for other in (copy.copy(cached), copy.deepcopy(cached), pickle.loads(pickle.dumps(cached))):
+        assert other is not cached and other.from_cache is True
+        assert other.json() == cached.json()

@@ -165,3 +165,10 @@ def test_decref_is_a_real_decref() -> None:
     _ffi.decref(b)
     _ffi.decref(_ffi.to_json(None))                        # immortal singleton: no-op
     assert _ffi.from_json(_ffi.to_json(True)) is True
+
+
+def test_an_unknown_status_keeps_its_code() -> None:
+    """FetchqError for a status this binding has no class of (a newer
+    library's): ``.code`` is still that status, not the base class's 0."""
+    exc = errors.error_for_status(-999, "new")
+    assert type(exc) is errors.FetchqError and exc.code == -999 and exc.message == "new"

@@ -716,3 +716,36 @@ def test_futures_pending_at_a_fork_fail_with_shutdown_error_in_the_child() -> No
     assert r.stdout.splitlines() == [
         "child False True False " + shut, "child False True False " + shut,
         "child callbacks []", "child exit 0", "parent True 5"], r.stdout
+
+
+# -- found by mutation testing (review 34) -------------------------------------
+
+def test_an_async_start_that_begins_after_the_close_sweep_is_finished(monkeypatch: pytest.MonkeyPatch) -> None:
+    """close() finishes (cancelled) the async operations it finds; one whose
+    start reaches Python only after that sweep is finished by the start's
+    own callback: close() returns and its future is cancelled."""
+    from fetchq import _engine
+    engine = fetchq.Engine(workers=1)
+    entered = threading.Event()
+    real_init = _engine.AsyncOp.__init__
+
+    def late_init(self: Any, core: Any, op: int) -> None:
+        entered.set()
+        deadline = time.monotonic() + TIMEOUT
+        while not core.swept and time.monotonic() < deadline:
+            time.sleep(0.01)
+        real_init(self, core, op)
+
+    monkeypatch.setattr(_engine.AsyncOp, "__init__", late_init)
+    handed: List[fetchq.AsyncOp] = []
+    fut = engine.queue("q").submit_async(handed.append)     # never finished by it
+    assert entered.wait(TIMEOUT)
+    closer = threading.Thread(target=engine.close)
+    closer.start()
+    closer.join(TIMEOUT)
+    stuck = closer.is_alive()
+    if stuck and handed:
+        handed[0].finish()              # let the close end
+        closer.join(TIMEOUT)
+    assert not stuck
+    assert fut.cancelled() and engine.closed

@@ -966,3 +966,35 @@ def test_request_many_from_threads_with_cancels_and_close_exactly_once(server: S
         if not f.cancelled():
             assert f.exception() is None and f.result().status == 200
     assert e._core.violations == []
+
+
+# -- found by mutation testing (review 34) -------------------------------------
+
+def test_search_all_children_that_failed_or_were_cancelled(net_engine: fetchq.Engine, server: Server) -> None:
+    """on_child's Result: ok only for a child that succeeded; exception() is
+    HTTPError with the HTTP status and body for one the server failed, and
+    fetchq.Cancelled for one cancelled (docs/python.md, "Result")."""
+    kids: List[fetchq.Result] = []
+    q = net_engine.queue("sa-fail", max_concurrent=1)
+    q.search_all(["__fail", "swift"], on_child=kids.append).result(timeout=TIMEOUT)
+    by_query = {c.query: c for c in kids}
+    failed, fine = by_query["__fail"], by_query["swift"]
+    assert fine.ok and fine.exception() is None
+    assert not failed.ok and failed.outcome == "failed"
+    exc = failed.exception()
+    assert isinstance(exc, fetchq.HTTPError) and exc.code == fetchq.HTTPError.code
+    assert exc.status == 500 == failed.http_status and exc.body == failed.body and exc.body
+    assert exc.headers == failed.headers and exc.headers["content-type"] == "application/json"
+
+    kids.clear()
+    held = net_engine.queue("sa-cancel", max_concurrent=1)
+    held.suspend()
+    f = held.search_all(["swift", "c"], on_child=kids.append)
+    assert f.cancel()
+    held.resume()
+    with pytest.raises(cf.CancelledError):
+        f.result(timeout=TIMEOUT)
+    assert sorted(c.query for c in kids) == ["c", "swift"]
+    for c in kids:
+        assert c.outcome == "cancelled" and not c.ok
+        assert isinstance(c.exception(), fetchq.Cancelled)

@@ -636,3 +636,41 @@ def test_a_request_with_many_headers_sends_them_all_in_order(engine: fetchq.Engi
         assert engine.queue("many").get(s.url("/many"), headers=headers).result(timeout=TIMEOUT).status == 200
         sent = [line for line in s.heads[0].split("\r\n") if line.startswith("X-H")]
         assert sent == ["X-H%05d: %d" % (i, i) for i in range(20000)]
+
+
+# -- found by mutation testing (review 34) -------------------------------------
+
+def _plain(status: bytes, ctype: bytes, body: bytes) -> bytes:
+    return b"HTTP/1.1 %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n\r\n%s" % (status, ctype, len(body), body)
+
+
+def test_text_reads_the_charset_parameter_as_http_writes_it(engine: fetchq.Engine) -> None:
+    """Response.text: a parameter name is case-insensitive and its value may
+    be a quoted string (RFC 9110, 5.6.6); without a charset the body is
+    UTF-8 (docs/python.md)."""
+    latin = "caf\u00e9".encode("latin-1")
+    answers: Dict[str, Answer] = {
+        "/none": _plain(b"200 OK", b"text/plain", "caf\u00e9".encode("utf-8")),
+        "/name": _plain(b"200 OK", b"text/plain; Charset=latin-1", latin),
+        "/quoted": _plain(b"200 OK", b'text/plain; charset="latin-1"', latin),
+    }
+    for s in serve(answers):
+        q = engine.queue("charset")
+        for path in answers:
+            r = q.get(s.url(path)).result(timeout=TIMEOUT)
+            assert r.text == "caf\u00e9", path
+
+
+def test_ok_is_true_for_a_2xx_status_only(engine: fetchq.Engine) -> None:
+    """docs/python.md: Response.ok is True for a 2xx status only, also for a
+    status that accept_status accepted."""
+    answers: Dict[str, Answer] = {
+        "/299": _plain(b"299 Fine", b"application/json", b"{}"),
+        "/300": _plain(b"300 Multiple Choices", b"application/json", b"{}"),
+    }
+    for s in serve(answers):
+        q = engine.queue("ok")
+        r = q.get(s.url("/299")).result(timeout=TIMEOUT)
+        assert r.status == 299 and r.ok
+        r = q.get(s.url("/300"), accept_status=[300]).result(timeout=TIMEOUT)
+        assert r.status == 300 and not r.ok

@@ -507,3 +507,42 @@ def test_close_finishes_forgotten_async_ops() -> None:
     assert all(f.cancelled() for f in futs)
     box[0].finish(1)                             # late finish: harmless no-op
     assert e._core.violations == []
+
+
+# -- found by mutation testing (review 34) -------------------------------------
+
+def test_cancel_of_a_cancelled_future_is_true(engine: fetchq.Engine) -> None:
+    """As concurrent.futures.Future.cancel(): True again once it is cancelled."""
+    q = engine.queue("cc")
+    q.suspend()
+    f = q.submit(lambda: 1)
+    assert f.cancel() is True
+    cf.wait([f], timeout=TIMEOUT)
+    assert f.cancelled()
+    assert f.cancel() is True and f.cancelled()
+
+
+def test_a_cancel_while_the_submit_is_in_the_library_cancels_the_operation(
+        engine: fetchq.Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """cancel() from another thread before the submit returned (no op id
+    yet) said True: the operation must end cancelled once the submit has
+    its id, not run."""
+    q = engine.queue("mid-submit")
+    q.suspend()
+    lib = engine._core.lib
+    real = lib.fq_submit_block
+    accepted: List[bool] = []
+
+    def submit_then_cancel(*args: Any) -> int:
+        (state,) = [s for s in engine._core.pending.values() if s.future._op_id is None]
+        accepted.append(state.future.cancel())     # the future has no id yet
+        return int(real(*args))
+
+    monkeypatch.setattr(lib, "fq_submit_block", submit_then_cancel)
+    f = q.submit(lambda: 1)
+    monkeypatch.undo()
+    assert accepted == [True]
+    q.resume()
+    cf.wait([f], timeout=TIMEOUT)
+    assert f.cancelled()
+    assert engine.state(f) == "cancelled"
