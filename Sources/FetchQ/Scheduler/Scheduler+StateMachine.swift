@@ -1156,13 +1156,26 @@ struct SchedulerStateMachine<Payload, Owner: AnyObject> {
         var actions: [Action] = []
         actions.reserveCapacity(ids.count)
         var count = 0
-        // Highest id first: dependents are usually submitted after their
-        // dependencies, so each reports its own cancellation rather than a
-        // dependency failure.
+        // Every target not yet started is marked ended before any of them
+        // settles its dependents: each then reports its own cancellation,
+        // not its dependency's failure, and is counted, whichever way its
+        // dependencies point (fq_add_dependency can make an older
+        // operation wait for a newer one, which the newest-first order
+        // alone got wrong: the eleventh review's mutation testing).
+        // Highest id first, for the order of the callbacks.
+        var ended: [Int] = []
         for id in sorted ? ids : ids.sorted(by: >) {
             guard let s = liveSlot(id), !slots[s].cancelRequested else { continue }
             count += 1
-            cancelOne(s, now: now, into: &actions)
+            let state = slots[s].state
+            if state == .running || state == .attached {
+                cancelOne(s, now: now, into: &actions)
+            } else if markEnded(s, .cancelled, .cancelled, .cancelled, into: &actions) {
+                ended.append(s)
+            }
+        }
+        for s in ended {
+            retire(s, .cancelled, nil, byCancel: true, now: now, into: &actions)
         }
         schedule(now: now, into: &actions)
         return (count, actions)
