@@ -5,6 +5,7 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -231,7 +232,6 @@ TEST(gap_a_dependency_given_twice_is_removed_once) {
 
 /* E16: in poll mode the event fd is readable once completions wait, also
  * when a bulk cancel posts several at once. */
-#include <poll.h>
 TEST(gap_poll_fd_readable_after_a_bulk_cancel) {
     fq_engine *e = fqt_engine("{\"delivery\": \"poll\"}");
     fq_queue *q = fqt_queue(e, "q", 1);

@@ -195,8 +195,8 @@ final class CurlLoop: @unchecked Sendable {
     var onTurn: (@Sendable (_ turn: LoopTurn) -> Void)?
     /// The longest the loop sleeps in curl_multi_poll (ms): it wakes at least
     /// this often even with nothing to do.
+    /// (1 s unless a test chose another: CurlTransport.init.)
     let maxSleepMs: Int32
-    static let defaultMaxSleepMs: Int32 = 1000  // (CurlTransport.init says it too)
     private var active: [TransferID: CurlTransfer] = [:]
     private var idleHandles: [UnsafeMutableRawPointer] = []
     /// Idle easy handles kept: as many as were ever in curl at once (at least
@@ -209,7 +209,7 @@ final class CurlLoop: @unchecked Sendable {
     /// The most transfers ever in curl at once; sizes the connection cache.
     private var peakActive = 0
 
-    init(maxTotalConnections: Int, maxSleepMs: Int32 = CurlLoop.defaultMaxSleepMs) throws(TransportError) {
+    init(maxTotalConnections: Int, maxSleepMs: Int32) throws(TransportError) {
         guard let multi = curl_multi_init() else {
             throw TransportError(kind: .network, message: "curl_multi_init failed")
         }
