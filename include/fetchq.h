@@ -383,7 +383,9 @@ fq_engine *fq_engine_new(const json_t *config, char *errbuf, size_t errlen);
 
 /* Frees the engine: cancels every pending operation, signals running ones to
  * cancel, waits for running operations to end (an async operation must still
- * be finished with fq_op_finish), delivers every outstanding callback (in poll
+ * be finished with fq_op_finish, by another thread than this one: a program
+ * whose own loop finishes async operations must finish them before it calls
+ * fq_engine_free there, which otherwise never returns), delivers every outstanding callback (in poll
  * mode, on this thread), stops the threads and releases everything, queues
  * included (their handles become invalid). Returns FQ_OK, or FQ_ERR_STATE
  * without doing anything when called from a callback or an operation body of
@@ -442,8 +444,11 @@ int fq_engine_set_log_fn(fq_engine *engine, fq_log_fn fn, void *userdata);
 json_t *fq_engine_stats(fq_engine *engine);
 
 /* Poll mode: a file descriptor that is readable while completions wait to
- * be dispatched. Owned by the engine; do not read or close it. Returns -1
- * (FQ_ERR_INVALID) for thread or inline delivery mode or a NULL engine. */
+ * be dispatched. Owned by the engine; do not read or close it. It may be
+ * watched level- or edge-triggered (EPOLLET): it is written when a
+ * completion arrives with none waiting, and again by a dispatch that leaves
+ * some waiting (a `max` below their number). Returns -1 (FQ_ERR_INVALID) for
+ * thread or inline delivery mode or a NULL engine. */
 int fq_engine_event_fd(fq_engine *engine);
 
 /* Poll mode: runs up to `max` waiting callbacks on the calling thread

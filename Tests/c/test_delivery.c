@@ -1,9 +1,12 @@
 /* Config "delivery": "inline": callbacks stay serialized, in completion
  * order and exactly once, but the worker that ended an operation runs the
  * callback itself when nothing else is being delivered. */
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
+#include <unistd.h>
 
 #include "fqt.h"
 
@@ -549,4 +552,55 @@ TEST(fq_wait_forgotten_and_earlier_inline_mode) {
 }
 TEST(fq_wait_forgotten_and_earlier_poll_mode) {
     waits_for_forgotten_and_earlier("{\"history\": 0, \"delivery\": \"poll\"}", true);
+}
+
+/* Poll mode with the event fd registered edge-triggered (EPOLLET) and
+ * dispatch limited by `max`: the completions a dispatch leaves waiting get a
+ * new edge, so each wake-up is followed by the next until all have run; then
+ * the fd is no longer readable. (Before, the fd was written only when the
+ * first completion arrived: 3 of 10 callbacks ran, then epoll_wait timed out
+ * with 7 waiting.) */
+static long long undelivered(fq_engine *e) {
+    json_t *stats = fq_engine_stats(e);
+    long long n = fqt_int(stats, "undelivered", -1);
+    json_decref(stats);
+    return n;
+}
+
+TEST(poll_mode_edge_triggered_dispatch_with_max) {
+    fq_engine *e = fqt_engine("{\"delivery\": \"poll\"}");
+    fq_queue *q = fqt_queue(e, "q", 4);
+    rec r[10];
+    memset(r, 0, sizeof r);
+    for (int i = 0; i < 10; i++) REQUIRE(fqt_block(q, body_noop, NULL, rec_done, &r[i]) > 0);
+    REQUIRE(WAIT_UNTIL(undelivered(e) == 10, FQT_LONG_MS)); /* all waiting before the first edge */
+    int fd = fq_engine_event_fd(e);
+    int ep = epoll_create1(0);
+    REQUIRE(ep >= 0);
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLET, .data.fd = fd};
+    REQUIRE(epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) == 0);
+    int ran[8], wakes = 0, total = 0;
+    while (total < 10 && wakes < 8) {
+        struct epoll_event out;
+        if (epoll_wait(ep, &out, 1, h_scaled_ms(2000)) != 1) break; /* no edge: the defect */
+        ran[wakes] = fq_engine_dispatch(e, 3);
+        total += ran[wakes] > 0 ? ran[wakes] : 0;
+        wakes++;
+    }
+    CHECK_EQ_INT(total, 10);
+    CHECK_EQ_INT(wakes, 4);
+    if (wakes == 4) {
+        CHECK_EQ_INT(ran[0], 3);
+        CHECK_EQ_INT(ran[1], 3);
+        CHECK_EQ_INT(ran[2], 3);
+        CHECK_EQ_INT(ran[3], 1);
+    }
+    for (int i = 0; i < 10; i++) CHECK_EQ_INT(atomic_load(&r[i].calls), 1);
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+    CHECK_EQ_INT(poll(&pfd, 1, 0), 0); /* nothing waits: not readable */
+    struct epoll_event out;
+    CHECK_EQ_INT(epoll_wait(ep, &out, 1, 0), 0);
+    close(ep);
+    rec_clear_all(r, 10);
+    fqt_engine_free(e);
 }

@@ -253,7 +253,10 @@ final class Delivery: @unchecked Sendable {
         lock.withLock {
             let limit = max > 0 ? Swift.min(max, items.count) : items.count
             for _ in 0..<limit { batch.append(items.removeFirst()) }
-            if items.isEmpty { drainFD() }
+            // The fd stays readable while items wait. Those left by a
+            // `max` get a write of their own too: an edge-triggered
+            // (EPOLLET) watcher hears of them only through a new write.
+            if items.isEmpty { drainFD() } else if limit > 0 { signalFD() }
         }
         var queues: [QueueID] = []
         callAll(batch, &queues)
