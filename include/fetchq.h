@@ -295,7 +295,10 @@ typedef void (*fq_async_fn)(fq_op *op, void *userdata);
  *                   with "store" keeps its own result: its value says what
  *                   storing did). Each kept response costs memory
  *   "max_per_host"  network operations running at once per host:port across
- *                   all queues (default 6, 1..1024)
+ *                   all queues (default 6, 1..1024). The engine keeps an
+ *                   entry (name, counters, rate bucket: about 0.1-0.3 KB)
+ *                   for each host:port it has sent to until it is freed: a
+ *                   long-lived engine crawling unbounded hosts grows by that
  *   "connect_timeout_ms" (default 10000; 0 = libcurl's own 300 s),
  *                   "timeout_ms" total per attempt, redirects included (each
  *                   retry has its own; default 60000; 0 = none),
