@@ -646,10 +646,12 @@ fq_op_id fq_submit_async(fq_queue *queue, fq_async_fn fn, const json_t *options,
  * 302; a 303 makes any method but HEAD a GET without its body (RFC 9110
  * §15.4). A request made a GET so is sent without its Content-* headers
  * (Content-Type included). Another 3xx but 304 with a Location (300, 305,
- * ...) is followed as a 307 is. A progress event counts the final
+ * ...) is followed as a 307 is; a 304 is the response, with or without a
+ * Location. A progress event and "max_response_bytes" count the final
  * response's body only, never that of a redirect that was followed.
- * Authorization and Cookie headers are sent only to the first request's
- * scheme, host and port (again when a redirect leads back there); a redirect to a URL that is not http or https fails with
+ * Authorization, Cookie and a "Host" set in "headers" are sent only to the
+ * first request's scheme, host and port (again when a redirect leads back
+ * there; elsewhere Host names the URL's own); a redirect to a URL that is not http or https fails with
  * FQ_ERR_NETWORK. A redirect from https to http is followed, as browsers
  * and curl do: the other headers and a kept body then travel unencrypted
  * ("max_redirects": 0 stops at the first redirect).
@@ -683,8 +685,11 @@ fq_op_id fq_submit_async(fq_queue *queue, fq_async_fn fn, const json_t *options,
  *              1000000 bytes (libcurl's limit on a request head)
  *   "query"    an object of strings/numbers/booleans, URL-encoded (RFC 3986)
  *              and appended to the URL
- *   "body"     a string (sent as is), or any other JSON value (serialized
- *              and sent with Content-Type: application/json unless set).
+ *   "body"     a string (sent as is, with no Content-Type unless "headers"
+ *              set one: curl's -d would add
+ *              application/x-www-form-urlencoded), or any other JSON value
+ *              (serialized and sent with Content-Type: application/json
+ *              unless set).
  *              Over https:// a body of 64 KiB or more is sent over HTTP/1.1
  *              even when the server offers HTTP/2, on a connection of its
  *              own that is not kept: libcurl 7.88 over HTTP/2 waits for
@@ -1076,8 +1081,11 @@ long fq_result_http_status(const fq_result *result);
 /* The response headers as an object: lower-cased names, repeated headers
  * joined with ", ". */
 json_t *fq_result_headers(const fq_result *result);
-/* The response body (decoded if it was gzip); *len gets its length (len may
- * be NULL). Not NUL-terminated. NULL with *len = 0 when there is none. */
+/* The response body, decoded from its Content-Encoding (fetchq asks for
+ * what its libcurl decodes: deflate, gzip, br, zstd with Debian 12's; the
+ * headers keep the encoded Content-Length and Content-Encoding); *len gets
+ * its length (len may be NULL). Not NUL-terminated. NULL with *len = 0 when
+ * there is none. */
 const unsigned char *fq_result_body(const fq_result *result, size_t *len);
 /* With the request option "marshal": the response's value in CPython's
  * marshal format, so that Python's marshal.loads() makes the objects without

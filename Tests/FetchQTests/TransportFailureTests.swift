@@ -154,6 +154,23 @@ struct TransportFailureTests {
         #expect(response.status == 304)
         #expect(response.metrics.redirects == 0)
     }
+
+    /// GET and HEAD, whose redirects libcurl follows: libcurl 7.88 followed
+    /// a 304's Location too (the twelfth review); the 304 is the response,
+    /// and nothing is asked of the Location.
+    @Test(arguments: ["GET", "HEAD"])
+    func a304WithALocationIsNotFollowedByLibcurl(method: String) throws {
+        let server = try TestServer()
+        let spec = URLUtilities.percentEncode("304;Location=/echo")
+        let response = try #require(transport.perform(HTTPRequest(
+            method: method, url: server.url("/steps?key=nm-\(method)&s=\(spec)"))).response)
+        #expect(response.status == 304)
+        #expect(response.metrics.redirects == 0)
+        #expect(response.body.isEmpty)
+        #expect(response.header("Location") == "/echo")
+        let (_, stats) = try server.get("/stats")
+        #expect(try JSONParser.parse(stats, maxDepth: 64).at("/by_path/~1echo") == nil)  // never asked
+    }
 }
 
 /// A listener on 127.0.0.1 that answers one connection with canned bytes

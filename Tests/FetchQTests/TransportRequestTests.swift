@@ -188,6 +188,43 @@ struct TransportRequestTests {
         #expect(otherEcho["x-other"]?.string == "kept")
     }
 
+    /// Redirects fetchq follows itself (a POST, PUT...): a Host header set by
+    /// the caller goes only to the first request's origin, as libcurl does for
+    /// a GET's (the twelfth review: the new origin got the first's Host).
+    @Test(arguments: ["GET", "POST", "PUT"])
+    func aHostHeaderIsNotSentToAnotherOrigin(method: String) throws {
+        let response = try transport.perform(HTTPRequest(
+            method: method, url: server.url("/redirect-to?url=http://localhost:\(server.port)/echo&status=307"),
+            headers: [(name: "Host", value: "example.com")], body: method == "GET" ? nil : Array("x".utf8))).get()
+        #expect(response.status == 200)
+        #expect(response.metrics.redirects == 1)
+        let echo = try #require(TestJSON(parsing: response.body))
+        #expect(echo["method"]?.string == method)
+        #expect(echo["headers"]?["host"]?.string == "localhost:\(server.port)")
+    }
+
+    /// A redirect's own body is not the response: over max_response_bytes it
+    /// does not fail a redirect fetchq follows itself, as it does not fail
+    /// one libcurl follows (the twelfth review: a POST failed "too large").
+    @Test(arguments: ["GET", "POST", "PUT"])
+    func aRedirectsBodyDoesNotCountAgainstTheCap(method: String) throws {
+        let spec = URLUtilities.percentEncode("307;Location=/echo;body=" + String(repeating: "x", count: 4000))
+        let response = try transport.perform(HTTPRequest(
+            method: method, url: server.url("/steps?key=cap-\(method)&s=\(spec)"),
+            body: method == "GET" ? nil : Array("y".utf8), maxResponseBytes: 2000)).get()
+        #expect(response.status == 200)
+        #expect(response.metrics.redirects == 1)
+        let echo = try #require(TestJSON(parsing: response.body))
+        #expect(echo["method"]?.string == method)
+        #expect(response.body.count <= 2000)
+        // The cap still holds for the response itself.
+        let bigSpec = URLUtilities.percentEncode("200;body=" + String(repeating: "z", count: 4000))
+        let big = try transport.perform(HTTPRequest(
+            method: method, url: server.url("/steps?key=capbig-\(method)&s=\(bigSpec)"),
+            body: method == "GET" ? nil : Array("y".utf8), maxResponseBytes: 2000))
+        #expect(big.error?.kind == .tooLarge)
+    }
+
     @Test("POST becomes GET after 303 and stays POST with its body after 307")
     func redirectMethodRules() throws {
         let body = Array("payload".utf8)

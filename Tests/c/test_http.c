@@ -2047,8 +2047,9 @@ TEST_T(http_a_cancelled_first_callers_retried_transfer_goes_on_for_the_other, 12
         CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));
         REQUIRE(atomic_load(&a.r.calls) == 1 && atomic_load(&b.r.calls) == 1);
         if (b.r.outcome != FQ_SUCCEEDED || fqt_int(b.r.value, "attempt", -1) != 2)
-            FAILF("round %d: the second caller ended %d, status %d, %s (first caller %d)", round, b.r.outcome,
-                  b.r.status, b.r.error, a.r.outcome);
+            FAILF("round %d: the second caller ended %d, status %d, %s, attempt %lld (first caller %d, status %d)",
+                  round, b.r.outcome, b.r.status, b.r.error, fqt_int(b.r.value, "attempt", -1), a.r.outcome,
+                  a.r.status);
         netrec_clear(&a);
         netrec_clear(&b);
     }

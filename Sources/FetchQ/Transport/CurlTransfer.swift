@@ -65,6 +65,14 @@ final class CurlTransfer: @unchecked Sendable {
     private var bodyIsARedirects = false
     /// The current response's status is one a redirect is followed on.
     private var statusRedirects = false
+    /// The current response is a 304.
+    private var statusIs304 = false
+    /// The header callback stopped the transfer at the end of a 304 with a
+    /// Location that libcurl would have followed: the 304 is the response.
+    private(set) var stoppedAt304 = false
+    /// A redirect this transfer follows itself had a body over the cap,
+    /// which was read and dropped: an error if that 3xx becomes the result.
+    private var redirectBodyOverCap = false
 
     // Redirects this transfer follows itself (`followsItself`).
     private var hops = 0
@@ -328,6 +336,11 @@ final class CurlTransfer: @unchecked Sendable {
     fileprivate func receiveBody(_ data: UnsafeRawPointer, _ count: Int) -> Int {
         let cap = request.maxResponseBytes
         if cap > 0 && body.count + count > cap {
+            if bodyIsARedirects && followsItself {
+                // A redirect's body is not the response: read on, keep no more.
+                redirectBodyOverCap = true
+                return count
+            }
             capExceeded = true
             return 0
         }
@@ -339,7 +352,7 @@ final class CurlTransfer: @unchecked Sendable {
             {
                 // Content-Length is the size as sent: with a Content-Encoding
                 // the decoded body, which the cap counts, may be smaller.
-                if cap > 0 && Int64(length) > Int64(cap) && !isContentEncoded {
+                if cap > 0 && Int64(length) > Int64(cap) && !isContentEncoded && !(bodyIsARedirects && followsItself) {
                     capExceeded = true
                     return 0
                 }
@@ -364,6 +377,16 @@ final class CurlTransfer: @unchecked Sendable {
             if !headerSectionEnded && statusRedirects && request.followRedirects {
                 bodyIsARedirects = headers.contains { TransportText.equalsIgnoringASCIICase($0.name, "location") }
             }
+            if !headerSectionEnded && statusIs304 && request.followRedirects && !followsItself
+                && headers.contains(where: { TransportText.equalsIgnoringASCIICase($0.name, "location") })
+            {
+                // libcurl 7.88 follows a Location on any 3xx, a 304 too, which
+                // is no redirect (RFC 9110 §15.4.5; fetchq.h): stop here, the
+                // 304 (which has no body) is the response.
+                headerSectionEnded = true
+                stoppedAt304 = true
+                return 0
+            }
             headerSectionEnded = true
             return count
         }
@@ -387,6 +410,7 @@ final class CurlTransfer: @unchecked Sendable {
             // start again with each request).
             lastProgressReceived = nil
             statusRedirects = Self.statusCode(line).map(Self.followsStatus) ?? false
+            statusIs304 = Self.statusCode(line) == 304
             bodyIsARedirects = false
             return count
         }
@@ -668,6 +692,13 @@ final class CurlTransfer: @unchecked Sendable {
         }
         var status = 0
         getLong(easy, CURLINFO_RESPONSE_CODE) { status = $0 }
+        if redirectBodyOverCap {
+            // A redirect not followed after all (its Location unusable): its body was cut.
+            var error = TransportError(kind: .tooLarge, message: "response body exceeds max_response_bytes (\(request.maxResponseBytes) bytes)",
+                                       curlCode: 0)
+            error.metrics = metrics(easy, redirects: redirects)
+            return .failure(error)
+        }
         var effectiveURL = request.url
         var cString: UnsafePointer<CChar>?
         if fqc_easy_getinfo_string(easy, CURLINFO_EFFECTIVE_URL, &cString) == CURLE_OK, let cString {
@@ -828,9 +859,11 @@ final class CurlTransfer: @unchecked Sendable {
         next.headers = firstHeaders
         if madeAGet { next.headers.removeAll { TransportText.hasPrefixIgnoringASCIICase($0.name, "content-") } }
         if Self.origin(of: target) != firstOrigin {
+            // Host too: the new origin gets its own (RFC 9112 §3.2), as libcurl does.
             next.headers.removeAll {
                 TransportText.equalsIgnoringASCIICase($0.name, "authorization")
                     || TransportText.equalsIgnoringASCIICase($0.name, "cookie")
+                    || TransportText.equalsIgnoringASCIICase($0.name, "host")
             }
         }
         earlierHopsMs += microseconds(easy, CURLINFO_TOTAL_TIME_T) / 1000
@@ -858,6 +891,8 @@ final class CurlTransfer: @unchecked Sendable {
         capExceeded = false
         headerSectionEnded = false
         declaredLength = -1
+        redirectBodyOverCap = false
+        stoppedAt304 = false
         errorBuffer[0] = 0
     }
 

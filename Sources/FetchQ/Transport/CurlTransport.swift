@@ -389,6 +389,8 @@ final class CurlLoop: @unchecked Sendable {
 
     /// curl finished the transfer (successfully or not).
     private func finish(_ transfer: CurlTransfer, _ code: CURLcode) {
+        // A 304 the header callback stopped at is the response (see stoppedAt304).
+        let code = code == CURLE_WRITE_ERROR && transfer.stoppedAt304 ? CURLE_OK : code
         if code == CURLE_OK, let hop = transfer.nextHop() {
             // A redirect the transfer follows itself (see CurlTransfer.followsItself).
             detach(transfer)
