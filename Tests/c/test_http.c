@@ -2043,13 +2043,15 @@ TEST_T(http_a_cancelled_first_callers_retried_transfer_goes_on_for_the_other, 12
         fq_op_id idb = submit_url(q, NULL, url, opts, &b);
         REQUIRE(ida > 0 && idb > 0);
         usleep((useconds_t)(rand_r(&seed) % 3000));
-        if (fq_cancel(e, ida) == FQ_OK) leader_cancelled++;
+        int rc_cancel = fq_cancel(e, ida);
+        if (rc_cancel == FQ_OK) leader_cancelled++;
         CHECK_OK(fq_engine_wait_idle(e, FQT_LONG_MS));
         REQUIRE(atomic_load(&a.r.calls) == 1 && atomic_load(&b.r.calls) == 1);
         if (b.r.outcome != FQ_SUCCEEDED || fqt_int(b.r.value, "attempt", -1) != 2)
-            FAILF("round %d: the second caller ended %d, status %d, %s, attempt %lld (first caller %d, status %d)",
+            FAILF("round %d: the second caller ended %d, status %d, %s, attempt %lld (first caller %d, status %d, "
+                  "attempt %lld; its cancel returned %d)",
                   round, b.r.outcome, b.r.status, b.r.error, fqt_int(b.r.value, "attempt", -1), a.r.outcome,
-                  a.r.status);
+                  a.r.status, fqt_int(a.r.value, "attempt", -1), rc_cancel);
         netrec_clear(&a);
         netrec_clear(&b);
     }

@@ -392,7 +392,8 @@ final class CurlTransfer: @unchecked Sendable {
         }
         if line.starts(with: "HTTP/".utf8) {
             answeredSinceRequest = true
-            if Self.statusCode(line) == 101 {
+            let status = Self.statusCode(line)
+            if status == 101 {
                 // fetchq never asks for an upgrade (RFC 9110 §15.2.2: a server
                 // sends 101 only to a request that did); curl would wait on
                 // the connection for a response that never comes.
@@ -409,8 +410,8 @@ final class CurlTransfer: @unchecked Sendable {
             // Progress counts this response's body from 0 (curl's counts
             // start again with each request).
             lastProgressReceived = nil
-            statusRedirects = Self.statusCode(line).map(Self.followsStatus) ?? false
-            statusIs304 = Self.statusCode(line) == 304
+            statusRedirects = status.map(Self.followsStatus) ?? false
+            statusIs304 = status == 304
             bodyIsARedirects = false
             return count
         }
