@@ -2039,9 +2039,16 @@ TEST_T(http_a_cancelled_first_callers_retried_transfer_goes_on_for_the_other, 12
         netrec a, b;
         memset(&a, 0, sizeof a);
         memset(&b, 0, sizeof b);
+        /* Submitted while the queue is suspended, so that b is sure to join
+         * a's transfer: when the submitting thread lost its CPU between the
+         * two submits for longer than a's two attempts took (twice in runs
+         * under the sanitizers on a loaded machine), b made a GET of its
+         * own and got attempt 3, rightly. */
+        REQUIRE(fq_queue_set_suspended(q, true) == FQ_OK);
         fq_op_id ida = submit_url(q, NULL, url, opts, &a);
         fq_op_id idb = submit_url(q, NULL, url, opts, &b);
         REQUIRE(ida > 0 && idb > 0);
+        REQUIRE(fq_queue_set_suspended(q, false) == FQ_OK);
         usleep((useconds_t)(rand_r(&seed) % 3000));
         int rc_cancel = fq_cancel(e, ida);
         if (rc_cancel == FQ_OK) leader_cancelled++;
