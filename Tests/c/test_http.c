@@ -2040,10 +2040,11 @@ TEST_T(http_a_cancelled_first_callers_retried_transfer_goes_on_for_the_other, 12
         memset(&a, 0, sizeof a);
         memset(&b, 0, sizeof b);
         /* Submitted while the queue is suspended, so that b is sure to join
-         * a's transfer: when the submitting thread lost its CPU between the
-         * two submits for longer than a's two attempts took (twice in runs
-         * under the sanitizers on a loaded machine), b made a GET of its
-         * own and got attempt 3, rightly. */
+         * a's transfer: a's submit starts its transfer itself, and when the
+         * submitting thread lost its CPU after that (inside a's submit or
+         * before b's) for longer than a's two attempts took (about 2-3 ms;
+         * under the sanitizers on a loaded machine), b made a GET of its own
+         * and got attempt 3, rightly. */
         REQUIRE(fq_queue_set_suspended(q, true) == FQ_OK);
         fq_op_id ida = submit_url(q, NULL, url, opts, &a);
         fq_op_id idb = submit_url(q, NULL, url, opts, &b);
