@@ -192,10 +192,13 @@ typedef enum fq_outcome {
  * thread (config "delivery": "thread", the default; callbacks are serialized),
  * in "inline" mode on the delivery thread, a worker or a transfer thread
  * (still serialized and in completion order), or, in poll mode, on the thread calling fq_engine_dispatch(),
- * fq_queue_wait() or fq_engine_wait_idle() (serialized and in completion
- * order too when several threads do: a dispatch waits for another thread's
- * callbacks; a wait leaves them to it meanwhile). It may call any fq_ function
- * except fq_engine_free() (which then returns FQ_ERR_STATE). */
+ * fq_queue_wait(), fq_engine_wait_idle(), fq_wait() or fq_engine_free()
+ * (serialized and in completion order too when several threads do: a
+ * dispatch waits for another thread's callbacks; a wait leaves them to it
+ * meanwhile). It may call any fq_ function except those that would wait for
+ * itself: fq_engine_free(), fq_engine_wait_idle(), fq_queue_wait(),
+ * fq_wait() and fq_engine_dispatch() of the same engine return FQ_ERR_STATE
+ * there. */
 typedef void (*fq_completion_fn)(const fq_result *result, void *userdata);
 
 /* The body of a block operation; runs on a worker thread. Return a value
@@ -419,8 +422,11 @@ typedef void (*fq_log_fn)(int level, const char *message, void *userdata);
 
 /* Sends the engine's log lines (at config "log"'s level and above) to `fn`
  * instead of standard error; NULL restores standard error. `fn` is never
- * called with a library lock held and may call any fq_ function except
- * fq_engine_free() (FQ_ERR_STATE). */
+ * called with a library lock held and may call any fq_ function except the
+ * five that would wait (FQ_ERR_STATE there, as in a completion callback:
+ * fq_engine_free, fq_engine_wait_idle, fq_queue_wait, fq_wait,
+ * fq_engine_dispatch of the same engine). A line about an operation may
+ * come after its callback, or after fq_wait() for it returned. */
 int fq_engine_set_log_fn(fq_engine *engine, fq_log_fn fn, void *userdata);
 
 /* Counters, NEW reference (NULL for a NULL engine):
@@ -815,8 +821,9 @@ typedef void (*fq_event_fn)(const fq_event *event, void *userdata);
 /* Sets (or with fn == NULL clears) the engine's event function. Events
  * already queued are delivered to the function that was set when they
  * happened. Like completion callbacks, it is never called with a library
- * lock held and may call any fq_ function except fq_engine_free()
- * (FQ_ERR_STATE). */
+ * lock held and may call any fq_ function except the five that would wait
+ * (FQ_ERR_STATE there: fq_engine_free, fq_engine_wait_idle, fq_queue_wait,
+ * fq_wait, fq_engine_dispatch of the same engine). */
 int fq_engine_set_event_fn(fq_engine *engine, fq_event_fn fn, void *userdata);
 
 fq_op_id fq_event_op_id(const fq_event *event);
@@ -945,7 +952,8 @@ int fq_cancel_group(fq_engine *engine, const char *group);
 int fq_cancel_all(fq_engine *engine);
 
 /* Changes the priority of an operation that has not started (same values as
- * the "priority" option, as a number). FQ_ERR_STATE once it has started. An
+ * the "priority" option, as a number). FQ_ERR_STATE once it has started,
+ * FQ_ERR_NOT_FOUND once it has finished (a cancelled one included). An
  * operation moved to another level joins it behind those already waiting
  * there; moved back to its first level (the one it was submitted at, or had
  * when fq_add_dependency last made it wait), it takes its old place again
@@ -957,7 +965,8 @@ int fq_set_priority(fq_engine *engine, fq_op_id id, int priority);
 /* Makes `op` also wait for `dep` (like NSOperation's addDependency, except
  * that a `dep` that fails or is cancelled cancels `op`, as in "depends_on";
  * docs/c-api.md, "Coming from NSOperationQueue"). `op`
- * must not have started (FQ_ERR_STATE), nor share another operation's
+ * must not have started (FQ_ERR_STATE; FQ_ERR_NOT_FOUND once it has
+ * finished, a cancelled one included), nor share another operation's
  * transfer (a coalesced GET that is not the first caller: FQ_ERR_STATE, the
  * message says so); FQ_ERR_CYCLE if `dep` already waits,
  * directly or not, for `op` (or dep == op); FQ_ERR_NOT_FOUND for an unknown
@@ -971,7 +980,8 @@ int fq_add_dependency(fq_engine *engine, fq_op_id op, fq_op_id dep);
 
 /* Makes `op` no longer wait for `dep` (like NSOperation's removeDependency):
  * a dependency given with "depends_on" or fq_add_dependency. `op` must not
- * have started (FQ_ERR_STATE). An unfinished `dep` no longer holds `op` back
+ * have started (FQ_ERR_STATE, also once it has finished, a cancelled one
+ * included). An unfinished `dep` no longer holds `op` back
  * (and its failure no longer cancels `op`); a `dep` that already succeeded no
  * longer passes its result (fq_op_dependency_result). An operation left waiting
  * for nothing is ready at once, behind those that became ready before it,

@@ -470,8 +470,15 @@ TEST(fq_wait_timeouts_and_errors) {
  * its callback returned ("history": 0); and on one whose callback returned
  * while a later operation's callback still runs: FQ_OK, at once. */
 static struct {
-    atomic_int y_running, release_y, a_returned;
+    atomic_int y_running, release_y, a_returned, w_running, release_w;
 } wl;
+
+static void w_done_blocks(const fq_result *res, void *userdata) {
+    (void)res;
+    (void)userdata;
+    atomic_store(&wl.w_running, 1);
+    for (int i = 0; i < 20000 && !atomic_load(&wl.release_w); i++) fqt_sleep_ms(1);
+}
 
 static void a_done_slow(const fq_result *res, void *userdata) {
     (void)res;
@@ -500,6 +507,20 @@ static void *finish_later(void *op) {
     fqt_sleep_ms(100);
     CHECK_OK(fq_op_finish(op, NULL, NULL));
     return NULL;
+}
+
+/* X's callback returned and Y's runs until release_y: a wait for X that
+ * waited for Y's callback too would time out. Then lets Y go and frees. */
+static void x_returns_while_y_runs(fq_engine *e, fq_queue *q, fq_op_id idx, fq_op_id idy, rec *x,
+                                   pthread_t *dispatcher) {
+    CHECK_OK(fq_wait(e, idx, 1000));
+    CHECK_EQ_INT(atomic_load(&wl.release_y), 0); /* Y's callback still runs */
+    atomic_store(&wl.release_y, 1);
+    if (dispatcher) pthread_join(*dispatcher, NULL);
+    CHECK_OK(fq_wait(e, idy, FQT_LONG_MS));
+    rec_clear(x);
+    fq_queue_free(q);
+    fqt_engine_free(e);
 }
 
 static void waits_for_forgotten_and_earlier(const char *config, bool poll) {
@@ -534,16 +555,30 @@ static void waits_for_forgotten_and_earlier(const char *config, bool poll) {
     pthread_t th;
     if (poll) REQUIRE(pthread_create(&th, NULL, dispatch_all, e) == 0);
     REQUIRE(WAIT_UNTIL(atomic_load(&wl.y_running), FQT_LONG_MS));
-    /* Y's callback does not return until release_y: a wait for X that
-     * waited for it too would time out. */
-    CHECK_OK(fq_wait(e, idx, 1000));
-    CHECK_EQ_INT(atomic_load(&wl.release_y), 0); /* Y's callback still runs */
-    atomic_store(&wl.release_y, 1);
-    if (poll) pthread_join(th, NULL);
-    CHECK_OK(fq_wait(e, idy, FQT_LONG_MS));
-    rec_clear(&x);
-    fq_queue_free(q);
-    fqt_engine_free(e);
+    x_returns_while_y_runs(e, q, idx, idy, &x, poll ? &th : NULL);
+
+    /* X and Y end while W's callback runs, so that their callbacks are
+     * delivered in one batch: X's returned, Y's runs on; X's wait does not
+     * wait for Y's either. (It did: the batch was booked once, after Y's
+     * callback, and this wait timed out.) */
+    atomic_store(&wl.y_running, 0);
+    atomic_store(&wl.release_y, 0);
+    e = fqt_engine(poll ? "{\"delivery\": \"poll\"}" : strstr(config, "inline") ? "{\"delivery\": \"inline\"}" : NULL);
+    q = fqt_queue(e, "q", 1);
+    memset(&x, 0, sizeof x);
+    if (poll) REQUIRE(pthread_create(&th, NULL, dispatch_all, e) == 0);
+    REQUIRE(fq_submit_block(q, body_noop, NULL, w_done_blocks, NULL) > 0);
+    idx = fqt_block(q, body_tag, NULL, rec_done, &x);
+    REQUIRE(idx > 0);
+    idy = fq_submit_block(q, body_noop, NULL, y_done_blocks, NULL);
+    REQUIRE(idy > 0);
+    REQUIRE(WAIT_UNTIL(atomic_load(&wl.w_running), FQT_LONG_MS));
+    REQUIRE(WAIT_UNTIL(fq_state(e, idy) == FQ_STATE_SUCCEEDED, FQT_LONG_MS));
+    CHECK_EQ_INT(fq_state(e, idx), FQ_STATE_SUCCEEDED);
+    atomic_store(&wl.release_w, 1);
+    REQUIRE(WAIT_UNTIL(atomic_load(&wl.y_running), FQT_LONG_MS));
+    CHECK_EQ_INT(atomic_load(&x.calls), 1);
+    x_returns_while_y_runs(e, q, idx, idy, &x, poll ? &th : NULL);
 }
 
 TEST(fq_wait_forgotten_and_earlier_thread_mode) { waits_for_forgotten_and_earlier("{\"history\": 0}", false); }

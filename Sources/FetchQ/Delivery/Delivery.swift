@@ -62,11 +62,15 @@ final class Delivery: @unchecked Sendable {
     /// completion's `completionSeq` (completions are called back in the
     /// order of those numbers, whoever runs them: `fq_wait`).
     private let delivered: @Sendable ([QueueID], UInt64) -> Void
+    /// Called as each completion's callback returns, with its number.
+    private let returned: @Sendable (UInt64) -> Void
 
     /// Nothing runs until `start`.
-    init(mode: Mode, delivered: @escaping @Sendable ([QueueID], UInt64) -> Void) throws(FetchQError) {
+    init(mode: Mode, delivered: @escaping @Sendable ([QueueID], UInt64) -> Void,
+         returned: @escaping @Sendable (UInt64) -> Void = { _ in }) throws(FetchQError) {
         self.mode = mode
         self.delivered = delivered
+        self.returned = returned
         if mode == .poll {
             eventFD = fqs_eventfd()
             if eventFD < 0 { throw FetchQError(.noMemory, "eventfd failed: " + String(cString: strerror(errno))) }
@@ -129,6 +133,7 @@ final class Delivery: @unchecked Sendable {
         case .completion(let result):
             result.takeCallback().call(result)
             lastSeq = result.completionSeq
+            returned(lastSeq)
             return result.queue
         case .event(let event, let handler):
             handler(event)

@@ -113,9 +113,9 @@ public final class Engine: @unchecked Sendable {
             rateLimits: config.rateLimits.mapValues { .init(perSecond: $0.perSecond, burst: $0.burst) },
             isLight: { $0.isLight },
             historyForm: { $0.historyForm ?? $0 }), gate: gate)
-        delivery = try Delivery(mode: config.delivery) { [outstanding] queues, lastSeq in
+        delivery = try Delivery(mode: config.delivery, delivered: { [outstanding] queues, lastSeq in
             outstanding.done(queues, lastCompletion: lastSeq)  // without the engine lock
-        }
+        }, returned: { [outstanding] seq in outstanding.returned(seq) })
         workers = WorkerPool(count: config.workers)
         let owner = selfPointer
         // A thread the system refuses (its limits): what was started stops,

@@ -1,3 +1,5 @@
+import Synchronization
+
 /// Operations submitted whose callback has not returned yet, per queue and
 /// in all: what `fq_queue_wait` and `fq_engine_wait` wait for.
 ///
@@ -17,6 +19,13 @@ final class Outstanding: @unchecked Sendable {
     private var deliveredSeq: UInt64 = 0
     /// Threads in `waitForDelivered`: each batch wakes them.
     private var seqWaiters = 0
+    /// The `completionSeq` of the last completion whose callback returned,
+    /// set as each one returns (`returned`), while `deliveredSeq` moves once
+    /// per batch: a wait for one operation (`fq_wait`) must not wait for the
+    /// callbacks after its own in the same batch.
+    private let returnedSeq = Atomic<UInt64>(0)
+    /// `seqWaiters`, readable without the lock by `returned`.
+    private let seqWaiting = Atomic<Int>(0)
 
     /// `n` more operations of `queue` await their callbacks.
     func add(_ queue: QueueID, _ n: Int = 1) {
@@ -42,8 +51,27 @@ final class Outstanding: @unchecked Sendable {
         if wake { lock.broadcast() }
     }
 
+    /// The callback of the completion numbered `seq` returned (called for
+    /// each one, in order, before its batch is booked with `done`). Wakes the
+    /// threads in `waitForDelivered`, if any: an atomic store and load
+    /// otherwise. (Sequentially consistent: either such a thread sees `seq`
+    /// when it checks, or this sees the thread and wakes it.)
+    func returned(_ seq: UInt64) {
+        returnedSeq.store(seq, ordering: .sequentiallyConsistent)
+        if seqWaiting.load(ordering: .sequentiallyConsistent) > 0 {
+            lock.lock()
+            lock.unlock()
+            lock.broadcast()
+        }
+    }
+
+    /// The last completion called back, with the lock held.
+    private var lastReturned: UInt64 {
+        max(deliveredSeq, returnedSeq.load(ordering: .sequentiallyConsistent))
+    }
+
     /// The `completionSeq` of the last completion called back.
-    var delivered: UInt64 { lock.withLock { deliveredSeq } }
+    var delivered: UInt64 { lock.withLock { lastReturned } }
 
     /// Waits until the completion numbered `seq` was called back (`atLeast`
     /// true), or any after `seq` (`atLeast` false); false when `until`
@@ -52,9 +80,13 @@ final class Outstanding: @unchecked Sendable {
         lock.lock()
         defer { lock.unlock() }
         seqWaiters += 1
-        defer { seqWaiters -= 1 }
-        while atLeast ? deliveredSeq < seq : deliveredSeq <= seq {
-            if !lock.wait(until: until) && (atLeast ? deliveredSeq < seq : deliveredSeq <= seq) { return false }
+        seqWaiting.add(1, ordering: .sequentiallyConsistent)
+        defer {
+            seqWaiters -= 1
+            seqWaiting.subtract(1, ordering: .sequentiallyConsistent)
+        }
+        while atLeast ? lastReturned < seq : lastReturned <= seq {
+            if !lock.wait(until: until) && (atLeast ? lastReturned < seq : lastReturned <= seq) { return false }
         }
         return true
     }
