@@ -12,8 +12,9 @@ struct FetchQCLI: ParsableCommand {
             (operations done/total, bytes, rate) is drawn on stderr when it is a terminal. \
             Ctrl-C cancels every operation and waits for each to end.
 
-            Exit status: 0 every operation succeeded; 1 at least one failed; 2 usage \
-            error (including an option value the engine rejects); 130 interrupted by Ctrl-C.
+            Exit status: 0 every operation succeeded; 1 at least one failed, or the results \
+            could not be written; 2 usage error (including an option value the engine \
+            rejects); 130 interrupted by Ctrl-C; 141 stdout's reader went away (SIGPIPE).
 
             Examples (test server: python3 Tests/support/testserver.py --port 8000):
               fetchq search --results /results --sort /created_at --merged \\

@@ -19,7 +19,7 @@ struct CommonOptions: ParsableArguments {
     var priority: String?
 
     @Option(parsing: .unconditional,
-            help: ArgumentHelp("Time limit per request in seconds, fractions allowed (option timeout_ms; 0 = none; default 60).",
+            help: ArgumentHelp("Time limit per attempt in seconds (each retry has its own), fractions allowed (option timeout_ms; 0 = none; default 60).",
                                valueName: "seconds"))
     var timeout: Double?
 

@@ -98,7 +98,12 @@ final class Progress: Sendable {
         }
         guard let s else { return }
         // While running: the rate over the last two seconds; at the end: over the whole run.
-        let since = final ? (started, UInt64(0)) : s.samples.first.map { ($0.time, $0.bytes) } ?? (started, 0)
+        // A run younger than two seconds counts from its start (0 bytes then), not
+        // from its first draw: the bytes received before that draw were left out, and
+        // a burst in the first tenth of a second showed as 0 B/s until the end.
+        let window = started >= now - 2 ? (started, UInt64(0))
+                                        : s.samples.first.map { ($0.time, $0.bytes) } ?? (started, 0)
+        let since = final ? (started, UInt64(0)) : window
         let rate = now - since.0 > 0.05 ? max(0, Double(s.totalBytes) - Double(since.1)) / (now - since.0)
                                         : Double(s.totalBytes) / max(now - started, 0.001)
         let width = 20
