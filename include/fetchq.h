@@ -327,7 +327,8 @@ typedef void (*fq_async_fn)(fq_op *op, void *userdata);
  *                   http://h:443), "host" (each of its ports, each with a bucket of
  *                   its own) or "*" (every host:port without its own entry,
  *                   each with a bucket of its own), compared without case:
- *                   anything else, or two
+ *                   anything else (a host that is not ASCII, a port written
+ *                   empty or with a leading zero, "*:port"), or two
  *                   keys naming one host, is FQ_ERR_INVALID; burst defaults
  *                   to max(1, r)
  *   "cache"         the HTTP cache shared by the engine's GET requests and
@@ -547,7 +548,8 @@ fq_op_id fq_submit_async(fq_queue *queue, fq_async_fn fn, const json_t *options,
  *   "progress"   true: FQ_EVENT_PROGRESS events for this operation go to the
  *                engine's event function (see fq_engine_set_event_fn);
  *   "progress_interval_ms" the least time between two progress events
- *                (default 100; implies "progress": true);
+ *                (default 100; implies "progress": true, and given with
+ *                "progress": false it is FQ_ERR_INVALID);
  *   "retry"      {"max": N (default 0: no retry), "base": seconds (0.5),
  *                "max_delay": seconds (30), "on": [statuses, "network",
  *                "timeout"] (default [408, 429, 500, 502, 503, 504, "network",
@@ -631,6 +633,12 @@ fq_op_id fq_submit_async(fq_queue *queue, fq_async_fn fn, const json_t *options,
  *                "stale-while-revalidate" sends no update event and keeps no
  *                stale value.
  *                Only responses that carry Cache-Control or Expires are stored,
+ *                with a status of 200, 203, 204, 300, 301, 308, 404, 405, 410,
+ *                414 or 501 (RFC 9110 §15.1), without "no-store" or "Vary: *";
+ *                one stale on arrival (its lifetime, max-age or else Expires
+ *                minus Date, not above its Age; neither given, as with
+ *                "public" alone; or "no-cache") only with an ETag or
+ *                Last-Modified to revalidate it (no heuristic freshness);
  *                and never one reached through a redirect; a newer answer not
  *                stored for want of them (with a status the cache stores)
  *                removes the entry it would have replaced. A 304 reached
@@ -706,8 +714,9 @@ fq_op_id fq_submit_async(fq_queue *queue, fq_async_fn fn, const json_t *options,
  *              wait for a smaller body it does not read
  * Extra options: "parse": "auto" (default: parse when the response's
  * Content-Type is application/json, application/...+json, text/json or
- * application/x-json, parameters and case aside) | "json" (always; invalid
- * JSON, a leading byte order mark included, is FQ_ERR_PARSE) |
+ * application/x-json, parameters and case aside; an empty body is no value,
+ * not an error) | "json" (always; invalid JSON, a leading byte order mark
+ * included, is FQ_ERR_PARSE, and so is an empty body, a 204's too) |
  * "none"; "lazy_parse": false (default) | true: the body is still checked
  * when the response arrives (invalid JSON is FQ_ERR_PARSE, as without it),
  * but its value is built only when fq_result_value() is first called on the
@@ -720,7 +729,9 @@ fq_op_id fq_submit_async(fq_queue *queue, fq_async_fn fn, const json_t *options,
  * costs no second pass); "accept_status": statuses that count as success
  * besides 2xx, as numbers (404) or classes ("4xx"). Any other status ends
  * FQ_FAILED with FQ_ERR_HTTP; status, headers, body (and value, if it
- * parsed) stay readable. */
+ * parsed) stay readable. A status that "retry" retries (its "on" list, by
+ * default 503 among them) is retried even when "accept_status" names it:
+ * only the last attempt's answer is accepted. */
 fq_op_id fq_submit_request(fq_queue *queue, const json_t *request, const json_t *options,
                            fq_completion_fn done, void *userdata);
 
@@ -750,8 +761,12 @@ int64_t fq_submit_requests(fq_queue *queue, const json_t *request, const char *c
  * "." or "..", is written %2E in the path, so that it cannot be read as a
  * dot-segment that moves the request to another path); the response is parsed,
  * the results array extracted at the "results" pointer and sorted by the
- * "sort" pointer (numbers numerically, strings by code point, items without
- * the key last). The value is {"query": q, "items": [...], "count": N}.
+ * "sort" pointer (numbers numerically, strings by code point; values of
+ * different types in the order null, boolean, number, string, array, object,
+ * reversed by "order": "desc"; items without the key last in either order;
+ * ties keep the server's order). The value is {"query": q, "items": [...],
+ * "count": N}; a search that failed with FQ_ERR_HTTP (any status but 2xx)
+ * has the response's parsed document as its value, if it was JSON.
  * Options may override any "search" key ("url", "results", "id", "sort",
  * "order"); without an engine "search" config, "url" is required. A results
  * pointer that selects nothing or a non-array is FQ_ERR_PARSE.

@@ -1219,6 +1219,9 @@ TEST(misuse_huge_option_values) {
     expect_bad_request_options(q, "{\"max_json_depth\": 2049}", "max_json_depth"); /* over jansson's limit */
     expect_bad_request_options(q, "{\"progress_interval_ms\": 4611686018427387904}",
                                "progress_interval_ms");
+    /* an interval turns progress on: beside "progress": false one would be ignored */
+    expect_bad_request_options(q, "{\"progress\": false, \"progress_interval_ms\": 10}",
+                               "turns progress events on");
     expect_bad_request_options(q, "{\"retry\": {\"max\": 4611686018427387904}}", "max");
     expect_bad_request_options(q, "{\"retry\": {\"base\": 1e300}}", "base");
     expect_bad_request_options(q, "{\"retry\": {\"max_delay\": 1e300}}", "max_delay");
@@ -1542,12 +1545,19 @@ TEST(misuse_non_object_json) {
     expect_bad_config("{\"rate_limits\": {\"\": {\"per_second\": 1}}}", "\"\" is not");
     expect_bad_config("{\"rate_limits\": {\"a.com:99999\": {\"per_second\": 1}}}", "\"a.com:99999\" is not");
     expect_bad_config("{\"rate_limits\": {\"u@a.com\": {\"per_second\": 1}}}", "\"u@a.com\" is not");
+    /* spelled otherwise than a request's host:port is named, so never matched */
+    expect_bad_config("{\"rate_limits\": {\"a.com:\": {\"per_second\": 1}}}", "\"a.com:\" is not");
+    expect_bad_config("{\"rate_limits\": {\"a.com:08080\": {\"per_second\": 1}}}", "\"a.com:08080\" is not");
+    expect_bad_config("{\"rate_limits\": {\"*:8080\": {\"per_second\": 1}}}", "\"*:8080\" is not");
+    expect_bad_config("{\"rate_limits\": {\"b\u00fccher.example\": {\"per_second\": 1}}}", "is not");
     expect_bad_config("{\"rate_limits\": {\"localhost:8080\": {\"per_second\": 1}, "
                       "\"LocalHost:8080\": {\"per_second\": 1000}}}", "names the same host");
     {
         char err[256] = "";
         json_t *good = fqt_json("{\"rate_limits\": {\"*\": {\"per_second\": 5}, \"a.com\": {\"per_second\": 1}, "
-                                "\"[::1]:8080\": {\"per_second\": 2}, \"127.0.0.1:9\": {\"per_second\": 3}}}");
+                                "\"[::1]:8080\": {\"per_second\": 2}, \"127.0.0.1:9\": {\"per_second\": 3}, "
+                                "\"A.com:80\": {\"per_second\": 4}, \"b.com:443\": {\"per_second\": 4}, "
+                                "\"[::1]\": {\"per_second\": 4}}}");
         fq_engine *ok = fq_engine_new(good, err, sizeof err);
         if (!ok) FAILF("valid rate_limits refused: %s", err);
         else fq_engine_free(ok);

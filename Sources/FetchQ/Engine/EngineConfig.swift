@@ -83,10 +83,19 @@ public struct EngineConfig: Sendable {
 
 extension EngineConfig {
     /// A "rate_limits" key naming a host as URLs do: "host" or "host:port"
-    /// (an IPv6 literal in brackets), nothing else of a URL.
+    /// (an IPv6 literal in brackets), nothing else of a URL, spelled as the
+    /// scheduler names a request's host:port (`URLUtilities.hostOf`), since it
+    /// looks keys up by that name alone: a key spelled otherwise ("h:" with an
+    /// empty port, "h:080", "*:80", a host that is not ASCII, which no URL may
+    /// have) would be accepted and never match. "h:80" and "h:443" stay: they
+    /// name https://h:80 and http://h:443.
     static func isHostKey(_ key: String) -> Bool {
-        guard !key.isEmpty, !key.contains(where: { "/?#@".contains($0) }) else { return false }
-        return URLUtilities.hostOf(url: "http://" + key + "/") != nil
+        guard !key.isEmpty, !key.contains(where: { "/?#@*".contains($0) }),
+            key.utf8.allSatisfy({ $0 < 0x80 })
+        else { return false }
+        let name = key.lowercased()
+        return URLUtilities.hostOf(url: "http://" + key + "/") == name
+            || URLUtilities.hostOf(url: "https://" + key + "/") == name
     }
 }
 

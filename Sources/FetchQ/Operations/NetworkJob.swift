@@ -334,9 +334,14 @@ struct NetworkSettings: Sendable {
     init(reading r: inout OptionReader, config: EngineConfig) throws(FetchQError) {
         limits = config.network
         try limits.read(&r)
-        let progress = try r.bool("progress") ?? false
+        let progress = try r.bool("progress")
         let interval = try r.int("progress_interval_ms", in: 0...60_000)
-        if progress || interval != nil { progressIntervalMs = interval ?? 100 }
+        // An interval turns progress on: with "progress": false beside it, one
+        // of the two would be ignored.
+        if progress == false && interval != nil {
+            throw FetchQError(.invalid, "\(r.path("progress_interval_ms")) turns progress events on, and \(r.path("progress")) is false")
+        }
+        if progress == true || interval != nil { progressIntervalMs = interval ?? 100 }
         if var r = try r.object("retry") { retry = try RetryPolicy(reading: &r) }
         if let c = try r.bool("coalesce") { coalesce = c }
         if let m = try r.choice("cache", NetworkJob.CacheMode.allCases.map(\.rawValue)) { cache = NetworkJob.CacheMode(rawValue: m)! }
