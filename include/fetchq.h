@@ -136,7 +136,10 @@ typedef enum fq_status {
     FQ_ERR_HTTP = -11,         /* the server answered with a status not accepted */
     FQ_ERR_NETWORK = -12,      /* connection refused/reset/closed, DNS, bad framing */
     FQ_ERR_TOO_LARGE = -13,    /* the response exceeded max_response_bytes */
-    FQ_ERR_PARSE = -14,        /* the body is not valid JSON, or too deep */
+    FQ_ERR_PARSE = -14,        /* the body is not valid JSON, is too deep, or holds
+                                  what jansson cannot (an integer beyond 64 bits, a
+                                  number beyond a double such as 1e400, a NUL in an
+                                  object key) */
     FQ_ERR_TLS = -15,          /* TLS handshake or certificate verification failed */
     FQ_ERR_REDIRECT = -16,     /* too many redirects */
     FQ_ERR_NOMEM = -17,        /* out of memory, or the system refused a thread
@@ -385,7 +388,13 @@ typedef void (*fq_async_fn)(fq_op *op, void *userdata);
  * message of at most errlen bytes (also available from fq_last_error()).
  * After fork(), an engine made before belongs to the parent: its threads do
  * not exist in the child, so the child must neither use nor free it (make a
- * new engine there). */
+ * new engine there). A fork while an engine of the process has work under
+ * way can leave a lock held for ever in the child — the Swift runtime's,
+ * libcurl's or libc's, taken by an engine thread at that moment (POSIX
+ * allows the child of a multi-threaded process only async-signal-safe calls
+ * until it execs) — and a new engine there may hang: fork before the first
+ * engine, or while every engine is idle (fq_engine_wait_idle() returned and
+ * nothing was submitted since), or exec in the child. */
 fq_engine *fq_engine_new(const json_t *config, char *errbuf, size_t errlen);
 
 /* Frees the engine: cancels every pending operation, signals running ones to

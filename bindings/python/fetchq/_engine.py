@@ -1055,8 +1055,12 @@ class _Core:
         if outcome not in (FQ_FAILED, FQ_CANCELLED):
             self._violation("op %d completed with outcome %d" % (op_id, outcome))
         exc: FetchqError
-        if status == FQ_ERR_HTTP or (status == FQ_ERR_PARSE and state.kind == "request"
-                                     and self.has_http and L.fq_result_http_status(result) > 0):
+        # A response came with it only when the result has an HTTP status: a
+        # search-all stopped by fail_fast has none (its child's status is in
+        # the message), and gets HTTPError with status 0 and no response, as a
+        # search's ParseError does (the response was a made-up one of status 0).
+        if (status == FQ_ERR_HTTP or (status == FQ_ERR_PARSE and state.kind == "request")) \
+                and self.has_http and L.fq_result_http_status(result) > 0:
             resp = Response._from_result(self, result, op_id, False)
             cls = HTTPError if status == FQ_ERR_HTTP else ParseError
             exc = cls(message, status, status=resp.status, body=resp.body, headers=resp.headers, response=resp)

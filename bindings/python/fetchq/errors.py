@@ -177,7 +177,8 @@ class TooLarge(FetchqError):
 
 
 class ParseError(_WithResponse):
-    """FQ_ERR_PARSE: the body is not valid JSON (or too deep). For a response
+    """FQ_ERR_PARSE: the body is not valid JSON, is nested too deeply, or
+    holds what jansson cannot (an integer beyond 64 bits, 1e400). For a response
     that arrived whole, ``status``, ``body``, ``headers`` and ``response`` say
     what it was (as for :class:`HTTPError`); otherwise status 0, no response."""
 

@@ -767,8 +767,11 @@ def test_search_all_partial_and_fail_fast(net_engine: fetchq.Engine) -> None:
     res = q.search_all(["go", "__fail"]).result(timeout=TIMEOUT)
     assert res["queries"]["__fail"]["status"] == -11 and res["queries"]["__fail"]["http_status"] == 500
     assert res["queries"]["go"]["count"] == res["count"] > 0
-    with pytest.raises(fetchq.HTTPError):
+    with pytest.raises(fetchq.HTTPError) as info:
         q.search_all(["go", "__fail"], fail_fast=True).result(timeout=TIMEOUT)
+    # the search-all's own result has no HTTP status: no made-up Response of status 0
+    assert (info.value.status, info.value.body, info.value.headers, info.value.response) == (0, b"", {}, None)
+    assert 'query "__fail" failed' in str(info.value) and "HTTP status 500" in str(info.value)
     with pytest.raises(TypeError):
         q.search_all("swift")
     with pytest.raises(fetchq.InvalidArgument, match="^search_all needs at least one query$"):
