@@ -657,7 +657,8 @@ fq_op_id fq_submit_async(fq_queue *queue, fq_async_fn fn, const json_t *options,
  *                entry (the URL redirects now). An entry answers
  *                only a request with the same URL (its scheme and host in
  *                any case, a fragment aside, an empty path as "/", the
- *                scheme's default port written or not: RFC 9110 §4.2.3)
+ *                scheme's default port written, written empty ("h:/"), or not:
+ *                RFC 9110 §4.2.3, RFC 3986 §6.2.3)
  *                and headers (Cache-Control
  *                and Pragma aside: a "no-cache" request refreshes the entry
  *                the others use), the same "verify_tls" and "ca_file", and
@@ -1055,7 +1056,8 @@ void fq_result_release(const fq_result *result);
 /* Item store                                                           */
 /* ------------------------------------------------------------------ */
 /* A SQLite file of JSON items keyed by (collection, id), the same one the
- * search option "store" writes. WAL journal, synchronous=FULL: a crash never
+ * search option "store" writes (a collection is a non-empty UTF-8 name: ""
+ * is FQ_ERR_INVALID). WAL journal, synchronous=FULL: a crash never
  * loses a committed response. Ids are compared by their canonical JSON text
  * (object members sorted, a real with 17 significant digits as jansson
  * writes it, 0.1 as 0.10000000000000001, so every double has one text;

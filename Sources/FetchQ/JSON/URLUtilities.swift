@@ -163,7 +163,9 @@ public enum URLUtilities {
             }
             let scheme = String(decoding: bytes[..<colon].map(asciiLowercased), as: UTF8.self)
             let port = portColon.map { String(decoding: bytes[($0 + 1)..<end], as: UTF8.self) }
-            let defaultPort = port != nil && ((scheme == "http" && port == "80") || (scheme == "https" && port == "443"))
+            // An empty port is the default one too (RFC 3986 §6.2.3).
+            let defaultPort = port != nil
+                && (port == "" || (scheme == "http" && port == "80") || (scheme == "https" && port == "443"))
             let emptyPath = end == length || bytes[end] == UInt8(ascii: "?")
             guard length < bytes.count || defaultPort || emptyPath || (0..<colon).contains(where: upper)
                     || (host..<end).contains(where: upper) else { return nil }
