@@ -1947,6 +1947,7 @@ async def _await_pending(core: _Core, which: Callable[[_OpState], bool],
     ``started_async_too``, not for those of async operations already
     started and not finished (looked at again each time around)."""
     core.check_loop("wait")
+    _timeout_ms(timeout)                    # a negative timeout: ValueError, as the sync waits
     loop = asyncio.get_running_loop()
     deadline = None if timeout is None else loop.time() + timeout
     while True:

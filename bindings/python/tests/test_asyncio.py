@@ -111,6 +111,11 @@ def test_async_wait_and_timeout() -> None:
             q = engine.queue("w")
             q.suspend()
             futs = [q.submit(lambda i=i: i) for i in range(5)]
+            # a negative timeout is a ValueError, as for Queue.wait and Engine.wait_idle
+            with pytest.raises(ValueError, match="timeout must be >= 0 or None"):
+                await q.wait(timeout=-1)
+            with pytest.raises(ValueError, match="timeout must be >= 0 or None"):
+                await engine.wait_idle(timeout=-1)
             with pytest.raises(fetchq.Timeout):
                 await q.wait(timeout=0.05)
             with pytest.raises(fetchq.Timeout):
