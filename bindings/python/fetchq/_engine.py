@@ -1989,6 +1989,10 @@ class _EngineBase:
             freeing.wait(5.0)
         with self._queues_lock:
             existing = self._queues.get(name)
+            if existing is not None and self._core.handle is None:
+                # as for a new name (the queue's own creation says it): the
+                # engine's queues went with it
+                raise ShutdownError(self._core.closed_message)
             if existing is None:
                 q = self._queue_class(self, name, 4 if max_concurrent is None else max_concurrent)
                 self._queues[name] = q

@@ -111,6 +111,12 @@ def test_context_manager_closes_and_use_after_close_raises() -> None:
         q.submit(lambda: 1)
     with pytest.raises(fetchq.ShutdownError):
         e.stats()
+    # a queue by name, the one it had as much as a new one (the first was
+    # given back closed)
+    with pytest.raises(fetchq.ShutdownError, match="the engine is closed"):
+        e.queue("q")
+    with pytest.raises(fetchq.ShutdownError, match="the engine is closed"):
+        e.queue("new")
     e.close()  # idempotent
 
 
