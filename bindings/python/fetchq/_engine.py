@@ -45,7 +45,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterable as _AnyIterable, Mapping, Sequence as _AnySequence
 from typing import (
     TYPE_CHECKING, Any, Callable, Dict, Generic, Iterable, List, Optional, Tuple, TypeVar, Union, cast,
 )
@@ -1351,8 +1351,15 @@ def _one_value_per_name(pairs: Any, what: str) -> Dict[str, Any]:
     value (the request's JSON object holds one value per name)."""
     if isinstance(pairs, Mapping) or hasattr(pairs, "keys"):
         return dict(pairs)                  # a mapping, or what dict() reads as one
+    if isinstance(pairs, (str, bytes, bytearray)) or not isinstance(pairs, _AnyIterable):
+        raise TypeError(f"{what} must be a mapping or an iterable of (name, value) pairs, "
+                        f"not {type(pairs).__name__}")
     result: Dict[str, Any] = {}
-    for name, value in pairs:
+    for pair in pairs:
+        # a string of two characters would unpack as a pair ("ab": a, b)
+        if isinstance(pair, (str, bytes, bytearray)) or not isinstance(pair, _AnySequence) or len(pair) != 2:
+            raise TypeError(f"{what}: each item must be a (name, value) pair, not {pair!r}")
+        name, value = pair
         if name in result:
             raise ValueError(f"{what}: {name!r} is given twice (one value per name: join the values "
                              f"into one, as the server expects)")

@@ -127,6 +127,18 @@ def test_params_and_headers_as_pairs_refuse_a_repeated_name(net_engine: fetchq.E
         q.request("GET", server.url("/echo"), params=[("tag", "a"), ("tag", "b")])
     with pytest.raises(ValueError, match="headers: 'X-A' is given twice"):
         q.request("GET", server.url("/echo"), headers=[("X-A", "1"), ("X-A", "2")])
+    # Two-character strings unpacked as pairs: ["ab", "cd"] was sent as {"a": "b", "c": "d"}.
+    with pytest.raises(TypeError, match=r"headers: each item must be a \(name, value\) pair, not 'ab'"):
+        q.request("GET", server.url("/echo"), headers=["ab", "cd"])
+    with pytest.raises(TypeError, match="params: each item must be a"):
+        q.request("GET", server.url("/echo"), params=[("a", "1", "extra")])
+    with pytest.raises(TypeError, match="headers must be a mapping or an iterable of"):
+        q.request("GET", server.url("/echo"), headers="X-A: 1")
+    with pytest.raises(TypeError, match="params must be a mapping or an iterable of"):
+        q.request("GET", server.url("/echo"), params=5)
+    # lists as pairs are pairs too
+    echo = q.request("GET", server.url("/echo"), params=[["c", "3"]]).result(timeout=TIMEOUT).json()
+    assert echo["query"] == {"c": "3"}
 
 
 def test_json_string_body_is_sent_as_json(net_engine: fetchq.Engine, server: Server) -> None:
